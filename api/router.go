@@ -1,0 +1,91 @@
+// Package api assembles the HTTP API of `overage serve` and holds its
+// contract, openapi.yaml. Handlers live with their domain (ingest, ...);
+// this package only routes, adds the cross-cutting middleware and answers
+// health checks.
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/httpx"
+)
+
+// Pinger answers whether the database is reachable.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Mounter adds routes to a router.
+type Mounter interface {
+	Routes(r chi.Router)
+}
+
+// Config wires the router.
+type Config struct {
+	DB       Pinger
+	Logger   *slog.Logger
+	Handlers []Mounter
+}
+
+// NewRouter returns the API's handler.
+func NewRouter(cfg Config) http.Handler {
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	r := chi.NewRouter()
+	r.Use(middleware.RequestID)
+	r.Use(requestLogger(logger))
+	r.Use(middleware.Recoverer)
+
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	r.Get("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := cfg.DB.Ping(ctx); err != nil {
+			logger.WarnContext(r.Context(), "readiness check failed", "err", err)
+			httpx.Error(w, r, logger, overage.Errorf(overage.EUNAVAILABLE, "service-unavailable", "the database does not answer"))
+			return
+		}
+		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	for _, h := range cfg.Handlers {
+		h.Routes(r)
+	}
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		httpx.Error(w, r, logger, overage.Errorf(overage.ENOTFOUND, "not-found", "no such endpoint: %s %s", r.Method, r.URL.Path))
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		e := overage.Errorf(overage.EMALFORMED, "method-not-allowed", "%s is not allowed on %s", r.Method, r.URL.Path)
+		p, _ := httpx.ProblemOf(e)
+		p.Status, p.Title = http.StatusMethodNotAllowed, http.StatusText(http.StatusMethodNotAllowed)
+		httpx.JSON(w, http.StatusMethodNotAllowed, p)
+	})
+	return r
+}
+
+// requestLogger logs one line per request with its request id. Headers are
+// never logged: they carry API keys and tokens.
+func requestLogger(logger *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+			next.ServeHTTP(ww, r)
+			logger.InfoContext(r.Context(), "http request",
+				"request_id", middleware.GetReqID(r.Context()),
+				"method", r.Method, "path", r.URL.Path,
+				"status", ww.Status(), "bytes", ww.BytesWritten(),
+				"duration_ms", float64(time.Since(start).Microseconds())/1000)
+		})
+	}
+}

@@ -1,0 +1,28 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/overage-billing/overage/migrations"
+)
+
+func cmdMigrate(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "migrate", "overage migrate [--database-url URL]")
+	cfg, err := loadConfig(e, fs, args)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(e.stderr, cfg.LogLevel)
+	pool, err := openPool(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := migrations.Migrate(ctx, pool, logger)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	fmt.Fprintf(e.stdout, "migrations applied: %d river, %d overage\n", len(res.RiverVersions), len(res.Applied))
+	return nil
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/overage-billing/overage/api"
+	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/tenants"
+)
+
+// shutdownTimeout bounds how long in-flight requests may take to finish
+// after SIGTERM.
+const shutdownTimeout = 25 * time.Second
+
+func cmdServe(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "serve", "overage serve [--listen ADDR] [--database-url URL]")
+	var listen string
+	fs.StringVar(&listen, "listen", "", "address to listen on (LISTEN_ADDR)")
+	cfg, err := loadConfig(e, fs, args)
+	if err != nil {
+		return err
+	}
+	if listen != "" {
+		cfg.ListenAddr = listen
+	}
+	logger := newLogger(e.stderr, cfg.LogLevel)
+	srv, err := NewServer(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	logger.Info("serving", "addr", srv.Addr())
+	return srv.Run(ctx)
+}
+
+// Server is `overage serve`: the HTTP API on one listener. Tests start it
+// on 127.0.0.1:0 and read Addr.
+type Server struct {
+	pool   *pgxpool.Pool
+	ln     net.Listener
+	http   *http.Server
+	logger *slog.Logger
+}
+
+// NewServer connects, listens and wires the API; Run serves it.
+func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, error) {
+	pool, err := openPool(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	// Insert-only: `serve` runs no workers, it only puts jobs in the
+	// outbox inside its transactions.
+	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{Logger: logger})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("river client: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("LISTEN_ADDR=%s: %w", cfg.ListenAddr, err)
+	}
+	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts))
+	handler := api.NewRouter(api.Config{
+		DB:     pool,
+		Logger: logger,
+		Handlers: []api.Mounter{
+			ingest.NewHandler(ingest.HandlerConfig{
+				Service: svc, Auth: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
+			}),
+		},
+	})
+	return &Server{
+		pool: pool, ln: ln, logger: logger,
+		http: &http.Server{
+			Handler:           handler,
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       30 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			// Requests keep running after ctx is done so a shutdown lets them
+			// finish instead of rolling back half the in-flight work.
+			BaseContext: func(net.Listener) context.Context { return context.Background() },
+		},
+	}, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Run serves until ctx is done, then stops taking requests and lets the
+// in-flight ones finish.
+func (s *Server) Run(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- s.http.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	s.logger.Info("shutting down: finishing in-flight requests")
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := s.http.Shutdown(sctx); err != nil {
+		return fmt.Errorf("http shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Close releases the database pool.
+func (s *Server) Close() { s.pool.Close() }

@@ -1,0 +1,185 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/overage-billing/overage"
+)
+
+const (
+	maxBodyBytes     = 64 << 10
+	maxTextLen       = 255
+	maxTokens        = 1 << 40 // far above any LLM call; keeps sums far from overflow
+	maxFutureSkew    = 5 * time.Minute
+	maxEventAge      = 35 * 24 * time.Hour // Stripe refuses meter events older than 35 days
+	fieldTimestamp   = "timestamp"
+	fieldInputTokens = "input_tokens"
+)
+
+// Event is a validated usage event.
+type Event struct {
+	RequestID    *string
+	Timestamp    time.Time
+	UserID       string
+	ModelID      string
+	InputTokens  int64
+	OutputTokens int64
+	TenantID     *uuid.UUID
+}
+
+var knownFields = map[string]bool{
+	"request_id": true, "timestamp": true, "user_id": true, "model_id": true,
+	"input_tokens": true, "output_tokens": true, "tenant_id": true,
+}
+
+// parseEvent decodes and validates a body, reporting every problem at once.
+// Syntax errors are EMALFORMED (400); rule violations are EINVALID (422).
+func parseEvent(body []byte, now time.Time) (*Event, error) {
+	var raw map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&raw); err != nil || raw == nil {
+		msg := "the body must be a JSON object"
+		if err != nil {
+			msg = fmt.Sprintf("the body is not valid JSON: %v", err)
+		}
+		return nil, malformed("body", msg)
+	}
+	if dec.More() {
+		return nil, malformed("body", "unexpected data after the JSON object")
+	}
+
+	var fields []overage.FieldError
+	bad := func(field, format string, args ...any) {
+		fields = append(fields, overage.FieldError{Field: field, Detail: fmt.Sprintf(format, args...)})
+	}
+	var unknown []string
+	for k := range raw {
+		if !knownFields[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		e := overage.Errorf(overage.EMALFORMED, "malformed-request", "unknown field(s): %s", strings.Join(unknown, ", "))
+		for _, k := range unknown {
+			e.Fields = append(e.Fields, overage.FieldError{Field: k, Detail: "unknown field"})
+		}
+		return nil, e
+	}
+
+	ev := &Event{}
+	text := func(name string, required bool) *string {
+		v, ok := raw[name]
+		if !ok || string(v) == "null" {
+			if required {
+				bad(name, "is required")
+			}
+			return nil
+		}
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			bad(name, "must be a string")
+			return nil
+		}
+		if s == "" || len(s) > maxTextLen {
+			bad(name, "must be 1 to %d characters", maxTextLen)
+			return nil
+		}
+		return &s
+	}
+	tokens := func(name string) int64 {
+		v, ok := raw[name]
+		if !ok || string(v) == "null" {
+			bad(name, "is required")
+			return 0
+		}
+		// Integers only: "1e3" or "12.0" are refused rather than rounded,
+		// because a billing quantity must be exactly what the caller meant.
+		s := string(v)
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			if s != "" && (s[0] == '-' || (s[0] >= '0' && s[0] <= '9')) {
+				bad(name, "must be a non-negative integer, got %s", s)
+			} else {
+				bad(name, "must be an integer")
+			}
+			return 0
+		}
+		if n < 0 {
+			bad(name, "must be a non-negative integer, got %d", n)
+			return 0
+		}
+		if n > maxTokens {
+			bad(name, "must be at most %d", int64(maxTokens))
+			return 0
+		}
+		return n
+	}
+
+	ev.RequestID = text("request_id", false)
+	if s := text("user_id", true); s != nil {
+		ev.UserID = *s
+	}
+	if s := text("model_id", true); s != nil {
+		ev.ModelID = *s
+	}
+	ev.InputTokens = tokens(fieldInputTokens)
+	ev.OutputTokens = tokens("output_tokens")
+	if len(fields) == 0 && ev.InputTokens == 0 && ev.OutputTokens == 0 {
+		bad("input_tokens", "input_tokens and output_tokens are both zero: nothing to record")
+	}
+
+	ev.Timestamp = now.UTC()
+	if s := text(fieldTimestamp, false); s != nil {
+		ts, err := time.Parse(time.RFC3339Nano, *s)
+		switch {
+		case err != nil:
+			bad(fieldTimestamp, "must be an RFC 3339 time such as 2026-11-29T10:00:00Z")
+		case ts.After(now.Add(maxFutureSkew)):
+			bad(fieldTimestamp, "is more than 5 minutes in the future")
+		case ts.Before(now.Add(-maxEventAge)):
+			bad(fieldTimestamp, "is older than 35 days; Stripe does not accept usage that old")
+		default:
+			// Microseconds: what PostgreSQL stores, so a replayed and a
+			// re-read timestamp are the same instant.
+			ev.Timestamp = ts.UTC().Truncate(time.Microsecond)
+		}
+	}
+	if s := text("tenant_id", false); s != nil {
+		id, err := uuid.Parse(*s)
+		if err != nil {
+			bad("tenant_id", "must be a UUID")
+		} else {
+			ev.TenantID = &id
+		}
+	}
+
+	if len(fields) > 0 {
+		e := overage.Errorf(overage.EINVALID, "validation-failed", "the usage event is invalid: %s", describe(fields))
+		e.Fields = fields
+		return nil, e
+	}
+	return ev, nil
+}
+
+func describe(fields []overage.FieldError) string {
+	parts := make([]string, len(fields))
+	for i, f := range fields {
+		parts[i] = f.Field + " " + f.Detail
+	}
+	return strings.Join(parts, "; ")
+}
+
+func malformed(field, msg string) error {
+	e := overage.Errorf(overage.EMALFORMED, "malformed-request", "%s", msg)
+	e.Fields = []overage.FieldError{{Field: field, Detail: msg}}
+	return e
+}

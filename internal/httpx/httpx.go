@@ -1,0 +1,104 @@
+// Package httpx writes JSON and RFC 9457 problem responses, and maps
+// application error codes to HTTP statuses in its one table.
+package httpx
+
+import (
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strconv"
+
+	"github.com/overage-billing/overage"
+)
+
+// ProblemTypeBase prefixes every problem type slug. The URIs are stable
+// identifiers that clients branch on; they are documented in
+// api/openapi.yaml.
+const ProblemTypeBase = "https://overage.dev/problems/"
+
+// statuses is the one table from error code to HTTP status.
+var statuses = map[overage.ErrorCode]int{
+	overage.EMALFORMED:    http.StatusBadRequest,
+	overage.EINVALID:      http.StatusUnprocessableEntity,
+	overage.EUNAUTHORIZED: http.StatusUnauthorized,
+	overage.EFORBIDDEN:    http.StatusForbidden,
+	overage.ENOTFOUND:     http.StatusNotFound,
+	overage.ECONFLICT:     http.StatusConflict,
+	overage.ETOOLARGE:     http.StatusRequestEntityTooLarge,
+	overage.EUNAVAILABLE:  http.StatusServiceUnavailable,
+	overage.EINTERNAL:     http.StatusInternalServerError,
+}
+
+// StatusOf returns the HTTP status of an application error code.
+func StatusOf(code overage.ErrorCode) int {
+	if s, ok := statuses[code]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// Problem is an RFC 9457 problem details object.
+type Problem struct {
+	Type   string               `json:"type"`
+	Title  string               `json:"title"`
+	Status int                  `json:"status"`
+	Detail string               `json:"detail,omitempty"`
+	Errors []overage.FieldError `json:"errors,omitempty"`
+}
+
+// ProblemOf renders err as a problem. Internal errors reveal nothing.
+func ProblemOf(err error) (Problem, *overage.Error) {
+	e := overage.AsError(err)
+	status := StatusOf(e.Code)
+	return Problem{
+		Type:   ProblemTypeBase + e.Type,
+		Title:  http.StatusText(status),
+		Status: status,
+		Detail: e.Message,
+		Errors: e.Fields,
+	}, e
+}
+
+// ProblemBody renders err as the status and bytes of a problem response.
+func ProblemBody(err error) (int, []byte) {
+	p, _ := ProblemOf(err)
+	b, _ := json.Marshal(p)
+	return p.Status, b
+}
+
+// Error writes err as a problem response. Internal errors are logged with
+// their cause; users see "internal error".
+func Error(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+	p, e := ProblemOf(err)
+	if e.Code == overage.EINTERNAL || e.Code == overage.EUNAVAILABLE {
+		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "status", p.Status, "err", err)
+	}
+	if e.RetryAfter > 0 {
+		secs := int(e.RetryAfter.Seconds())
+		if secs < 1 {
+			secs = 1
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+	}
+	b, _ := json.Marshal(p)
+	Write(w, "application/problem+json", p.Status, b)
+}
+
+// JSON writes v as a JSON response.
+func JSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = ProblemBody(err)
+		Write(w, "application/problem+json", status, b)
+		return
+	}
+	Write(w, "application/json", status, b)
+}
+
+// Write writes a response with a body already rendered.
+func Write(w http.ResponseWriter, contentType string, status int, body []byte) {
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

@@ -1,0 +1,219 @@
+// Package pgtest gives each test its own migrated PostgreSQL database, so
+// tests that commit (workers, HTTP handlers) run in parallel without seeing
+// each other's rows.
+//
+// The server comes from DATABASE_URL; when it is unset and Docker answers,
+// testcontainers-go starts one. When neither works the test fails, saying
+// how to provide one: a database test never skips silently.
+//
+// Migrating a database takes a while, so the migrations run once into a
+// template database (named after a hash of the migrations, so a changed
+// migration makes a new template) and each test clones it with CREATE
+// DATABASE ... TEMPLATE, which is a file copy.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+
+	"github.com/overage-billing/overage/migrations"
+)
+
+const howToProvide = "set DATABASE_URL (for example DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) or start a Docker engine so testcontainers-go can run PostgreSQL"
+
+var (
+	serverOnce sync.Once
+	serverURL  string
+	serverErr  error
+
+	templateMu    sync.Mutex
+	templateReady = map[string]bool{}
+)
+
+// ServerURL returns the URL of the PostgreSQL server the tests use.
+func ServerURL(t testing.TB) string {
+	t.Helper()
+	serverOnce.Do(func() { serverURL, serverErr = resolveServer() })
+	if serverErr != nil {
+		t.Fatalf("no PostgreSQL for tests: %v; %s", serverErr, howToProvide)
+	}
+	return serverURL
+}
+
+func resolveServer() (string, error) {
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		return u, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := tcpostgres.Run(ctx, "postgres:15-alpine",
+		tcpostgres.WithDatabase("overage"), tcpostgres.BasicWaitStrategies())
+	if err != nil {
+		return "", fmt.Errorf("DATABASE_URL is unset and testcontainers could not start PostgreSQL (%v)", err)
+	}
+	// The container lives as long as the test process; testcontainers'
+	// reaper removes it afterwards.
+	return c.ConnectionString(ctx, "sslmode=disable")
+}
+
+// NewDatabase creates a migrated database for t, dropped when t ends, and
+// returns its URL (for a child process, say).
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	ctx := context.Background()
+	server := ServerURL(t)
+	tmpl, err := ensureTemplate(ctx, server)
+	if err != nil {
+		t.Fatalf("prepare template database: %v", err)
+	}
+	name := "ovgtest_" + randomHex(8)
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		t.Fatalf("connect to %s: %v; %s", redact(server), err, howToProvide)
+	}
+	defer admin.Close(ctx)
+	for attempt := 0; ; attempt++ {
+		_, err = admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, tmpl))
+		// A clone fails while another session is connected to the template
+		// (a concurrent clone can be); it is brief, so try again.
+		if err == nil || attempt == 50 || !strings.Contains(err.Error(), "being accessed by other users") {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, server)
+		if err != nil {
+			t.Logf("drop test database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name)); err != nil {
+			t.Logf("drop test database %s: %v", name, err)
+		}
+	})
+	return withDatabase(server, name)
+}
+
+// NewPool returns a pool on a new migrated database, closed when t ends,
+// and the database's URL.
+func NewPool(t testing.TB) (*pgxpool.Pool, string) {
+	t.Helper()
+	dbURL := NewDatabase(t)
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatalf("open pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, dbURL
+}
+
+// ensureTemplate builds the template database once per server and
+// migration set. An advisory lock makes concurrent test binaries (go test
+// runs packages in parallel) build it once between them.
+func ensureTemplate(ctx context.Context, server string) (string, error) {
+	all, err := migrations.All()
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, m := range all {
+		fmt.Fprintf(h, "%d %s\n%s\n", m.Version, m.Name, m.SQL)
+	}
+	riverMigrator, err := rivermigrate.New[pgx.Tx](riverpgxv5.New(nil), nil)
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(h, "river %d\n", len(riverMigrator.AllVersions()))
+	sum := h.Sum(nil)
+	name := "ovgtmpl_" + hex.EncodeToString(sum[:6])
+
+	templateMu.Lock()
+	defer templateMu.Unlock()
+	if templateReady[name] {
+		return name, nil
+	}
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		return "", fmt.Errorf("connect to %s: %w; %s", redact(server), err, howToProvide)
+	}
+	defer admin.Close(ctx)
+	lockID := int64(binary.BigEndian.Uint64(sum[:8]))
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1)", lockID); err != nil {
+		return "", fmt.Errorf("lock template: %w", err)
+	}
+	defer func() { _, _ = admin.Exec(ctx, "SELECT pg_advisory_unlock($1)", lockID) }()
+
+	var isTemplate bool
+	err = admin.QueryRow(ctx, "SELECT datistemplate FROM pg_database WHERE datname = $1", name).Scan(&isTemplate)
+	if err == nil && isTemplate {
+		templateReady[name] = true
+		return name, nil
+	}
+	// Missing, or left half-built by a killed run: build it afresh.
+	if _, err := admin.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name)); err != nil {
+		return "", fmt.Errorf("drop stale template: %w", err)
+	}
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s", name)); err != nil {
+		return "", fmt.Errorf("create template: %w", err)
+	}
+	pool, err := pgxpool.New(ctx, withDatabase(server, name))
+	if err != nil {
+		return "", fmt.Errorf("open template: %w", err)
+	}
+	_, err = migrations.Migrate(ctx, pool, nil)
+	pool.Close()
+	if err != nil {
+		return "", fmt.Errorf("migrate template: %w", err)
+	}
+	if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE true", name)); err != nil {
+		return "", fmt.Errorf("mark template: %w", err)
+	}
+	templateReady[name] = true
+	return name, nil
+}
+
+func withDatabase(server, name string) string {
+	u, err := url.Parse(server)
+	if err != nil || u.Scheme == "" {
+		// A keyword/value connection string: a later dbname wins.
+		return server + " dbname=" + name
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "the DATABASE_URL server"
+	}
+	return u.Redacted()
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

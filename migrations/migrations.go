@@ -1,0 +1,181 @@
+// Package migrations holds the project's schema as numbered, plain SQL files
+// embedded in the binary, and applies them together with River's own
+// migrations.
+//
+// Migrate is safe to run again (applied versions are recorded in
+// overage_schema_migrations) and from several processes at once (a session
+// advisory lock serialises them). Each file runs in its own transaction,
+// unless its first line is "-- overage:no-transaction", which a file that
+// must CREATE INDEX CONCURRENTLY on a large table uses.
+package migrations
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// lockID is the advisory lock that serialises concurrent migrators
+// ("overage\x00" read as a big-endian integer).
+const lockID int64 = 0x6f76657261676500
+
+const noTransaction = "-- overage:no-transaction"
+
+// Migration is one numbered SQL file.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+// All returns the embedded migrations in version order.
+func All() ([]Migration, error) {
+	entries, err := fs.ReadDir(files, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read embedded migrations: %w", err)
+	}
+	var out []Migration
+	for _, e := range entries {
+		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration file %q: want NNNN_name.sql", e.Name())
+		}
+		b, err := files.ReadFile(e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: string(b)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("two migrations numbered %d", out[i].Version)
+		}
+	}
+	return out, nil
+}
+
+// Result says what Migrate applied.
+type Result struct {
+	RiverVersions []int
+	Applied       []Migration
+}
+
+// Migrate applies River's migrations, then the project's, holding an
+// advisory lock so concurrent runs wait for each other instead of racing.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (*Result, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	all, err := All()
+	if err != nil {
+		return nil, err
+	}
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("acquire connection for migrations: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockID); err != nil {
+		return nil, fmt.Errorf("take migration lock: %w", err)
+	}
+	defer func() {
+		// A fresh context: the lock must be released even if ctx is done.
+		_, _ = conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", lockID)
+	}()
+
+	res := &Result{}
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("river migrator: %w", err)
+	}
+	riverRes, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil)
+	if err != nil {
+		return nil, fmt.Errorf("apply river migrations: %w", err)
+	}
+	for _, v := range riverRes.Versions {
+		res.RiverVersions = append(res.RiverVersions, v.Version)
+	}
+
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS overage_schema_migrations (
+		version    integer PRIMARY KEY,
+		name       text NOT NULL,
+		applied_at timestamptz NOT NULL DEFAULT now()
+	)`); err != nil {
+		return nil, fmt.Errorf("create overage_schema_migrations: %w", err)
+	}
+	applied := map[int]bool{}
+	rows, err := conn.Query(ctx, "SELECT version FROM overage_schema_migrations")
+	if err != nil {
+		return nil, fmt.Errorf("read applied migrations: %w", err)
+	}
+	for rows.Next() {
+		var v int
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("read applied migrations: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read applied migrations: %w", err)
+	}
+
+	for _, m := range all {
+		if applied[m.Version] {
+			continue
+		}
+		if err := apply(ctx, conn.Conn(), m); err != nil {
+			return nil, err
+		}
+		logger.Info("applied migration", "version", m.Version, "name", m.Name)
+		res.Applied = append(res.Applied, m)
+	}
+	return res, nil
+}
+
+func apply(ctx context.Context, conn *pgx.Conn, m Migration) error {
+	record := func(ctx context.Context, ex interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}) error {
+		_, err := ex.Exec(ctx, "INSERT INTO overage_schema_migrations (version, name) VALUES ($1, $2)", m.Version, m.Name)
+		return err
+	}
+	if strings.HasPrefix(m.SQL, noTransaction) {
+		// Statements such as CREATE INDEX CONCURRENTLY cannot run in a
+		// transaction; such a file must be written to be re-runnable (IF NOT
+		// EXISTS), since a crash can leave it half applied.
+		if _, err := conn.Exec(ctx, m.SQL); err != nil {
+			return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, err)
+		}
+		if err := record(ctx, conn); err != nil {
+			return fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
+		}
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return err
+		}
+		return record(ctx, tx)
+	})
+	if err != nil {
+		return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,77 @@
+// Package outbox defines the River job kinds of the pipeline and inserts
+// them inside a caller's transaction, so a job exists exactly when the row
+// it works on does: committed together or rolled back together.
+//
+// Job args carry ids only. The row in PostgreSQL is the truth a worker
+// reads when it runs; args copied at insert time could be stale by then.
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/riverqueue/river"
+)
+
+// Queues. Reports get their own queue so a backlog of maintenance work
+// never delays billing, and webhooks (one worker) stay in order.
+const (
+	QueueReport      = "report"
+	QueueMaintenance = "maintenance"
+)
+
+// ReportArgs asks a worker to send a usage log's overage to Stripe.
+type ReportArgs struct {
+	UsageLogID uuid.UUID `json:"usage_log_id" river:"unique"`
+}
+
+// Kind implements river.JobArgs.
+func (ReportArgs) Kind() string { return "overage.report_usage" }
+
+// InsertOpts makes a report job unique by its usage log while it is live,
+// so the sweep and ingest never queue the same log twice at once. River's
+// uniqueness is not the record of what was billed (finished jobs are
+// deleted after a day); the usage log's billing_status is.
+func (ReportArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{
+		Queue:      QueueReport,
+		UniqueOpts: river.UniqueOpts{ByArgs: true},
+	}
+}
+
+// ExpireIdempotencyKeysArgs asks a worker to delete expired idempotency
+// records in bounded batches.
+type ExpireIdempotencyKeysArgs struct{}
+
+// Kind implements river.JobArgs.
+func (ExpireIdempotencyKeysArgs) Kind() string { return "overage.expire_idempotency_keys" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts.
+func (ExpireIdempotencyKeysArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: QueueMaintenance}
+}
+
+// Inserter puts outbox jobs in callers' transactions.
+type Inserter struct {
+	client      *river.Client[pgx.Tx]
+	maxAttempts int
+}
+
+// NewInserter returns an Inserter. client may be insert-only (no queues);
+// maxAttempts is REPORT_MAX_ATTEMPTS.
+func NewInserter(client *river.Client[pgx.Tx], maxAttempts int) *Inserter {
+	return &Inserter{client: client, maxAttempts: maxAttempts}
+}
+
+// InsertReportTx queues the report of a usage log in tx. A live job for the
+// same log is returned instead of a second one.
+func (i *Inserter) InsertReportTx(ctx context.Context, tx pgx.Tx, usageLogID uuid.UUID) error {
+	opts := ReportArgs{}.InsertOpts()
+	opts.MaxAttempts = i.maxAttempts
+	if _, err := i.client.InsertTx(ctx, tx, ReportArgs{UsageLogID: usageLogID}, &opts); err != nil {
+		return fmt.Errorf("insert report job for usage log %s: %w", usageLogID, err)
+	}
+	return nil
+}

@@ -1,0 +1,102 @@
+// Package overage holds the domain vocabulary of the usage-billing pipeline:
+// tenants, usage logs, billing statuses, token dimensions and the one
+// application error type. Every other package imports it; it imports none of
+// them, so the words mean the same thing from the HTTP edge to the Stripe
+// worker.
+package overage
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// BillingStatus is where a usage log stands with Stripe.
+type BillingStatus string
+
+const (
+	// BillingStatusPending: overage recorded, not yet accepted by Stripe.
+	BillingStatusPending BillingStatus = "pending"
+	// BillingStatusBilled: every dimension with overage was accepted by Stripe.
+	BillingStatusBilled BillingStatus = "billed"
+	// BillingStatusNotBillable: no overage in any dimension; never sent.
+	BillingStatusNotBillable BillingStatus = "not_billable"
+	// BillingStatusNeedsReview: first send is older than Stripe's idempotency
+	// window; an automatic resend could bill twice, so an operator decides.
+	BillingStatusNeedsReview BillingStatus = "needs_review"
+	// BillingStatusFailed: Stripe refused it with an error retrying cannot fix.
+	BillingStatusFailed BillingStatus = "failed"
+)
+
+// Dimension is one billed quantity of a usage log.
+type Dimension string
+
+const (
+	DimensionInput  Dimension = "input"
+	DimensionOutput Dimension = "output"
+)
+
+// Dimensions lists every dimension in a fixed order.
+var Dimensions = []Dimension{DimensionInput, DimensionOutput}
+
+// Tenant is a customer of the product: one Stripe customer, one allowance.
+type Tenant struct {
+	ID                   uuid.UUID `json:"id"`
+	Name                 string    `json:"name"`
+	StripeCustomerID     string    `json:"stripe_customer_id"`
+	IncludedInputTokens  int64     `json:"included_input_tokens"`
+	IncludedOutputTokens int64     `json:"included_output_tokens"`
+	CreatedAt            time.Time `json:"created_at"`
+}
+
+// UsageLog is one recorded LLM call and what of it is billable overage.
+type UsageLog struct {
+	ID             uuid.UUID     `json:"id"`
+	TenantID       uuid.UUID     `json:"tenant_id"`
+	RequestID      *string       `json:"request_id"`
+	Timestamp      time.Time     `json:"timestamp"`
+	UserID         string        `json:"user_id"`
+	ModelID        string        `json:"model_id"`
+	InputTokens    int64         `json:"input_tokens"`
+	OutputTokens   int64         `json:"output_tokens"`
+	Overage        Overage       `json:"overage"`
+	BillingStatus  BillingStatus `json:"billing_status"`
+	BilledAt       *time.Time    `json:"billed_at"`
+	CreatedAt      time.Time     `json:"created_at"`
+	FirstAttemptAt *time.Time    `json:"first_attempt_at,omitempty"`
+	BillingMessage *string       `json:"billing_message,omitempty"`
+	StripeEvents   []StripeEvent `json:"stripe_meter_events,omitempty"`
+}
+
+// Overage is the billable part of a usage log, per dimension.
+type Overage struct {
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+}
+
+// Of returns the overage of one dimension.
+func (o Overage) Of(d Dimension) int64 {
+	if d == DimensionInput {
+		return o.InputTokens
+	}
+	return o.OutputTokens
+}
+
+// Billable reports whether anything is to be sent to Stripe.
+func (o Overage) Billable() bool { return o.InputTokens > 0 || o.OutputTokens > 0 }
+
+// StripeEvent names the Stripe meter event of one dimension of a usage log.
+type StripeEvent struct {
+	Dimension  Dimension  `json:"dimension"`
+	Identifier string     `json:"identifier"`
+	Value      int64      `json:"value"`
+	AcceptedAt *time.Time `json:"accepted_at"`
+}
+
+// MeterEventKey is the Stripe Idempotency-Key and meter event identifier of
+// one dimension of a usage log. It is derived from the log id alone, never
+// from a job id, an attempt or a clock, so every retry, requeue and restart
+// names the same business event and Stripe can deduplicate it.
+func MeterEventKey(usageLogID uuid.UUID, d Dimension) string {
+	return "usage-log:" + usageLogID.String() + ":" + string(d)
+}
