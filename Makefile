@@ -1,8 +1,10 @@
 # overage — run `make help` for the targets.
 SHELL := /bin/bash
 GO ?= go
-DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
-export DATABASE_URL
+LOCAL_PG := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+# Tests create and drop their own databases on the DATABASE_URL server; when
+# it is unset, the local PostgreSQL if it answers, else testcontainers-go.
+WITH_TEST_DB = if [ -z "$$DATABASE_URL" ] && pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then export DATABASE_URL='$(LOCAL_PG)'; fi;
 
 .PHONY: help build run test lint bench chaos
 
@@ -17,11 +19,11 @@ run: build ## migrate and run the pipeline on its embedded default
 	./bin/overage serve
 
 test: ## every test, against a real PostgreSQL (DATABASE_URL), with the race detector
-	$(GO) test -race -count=1 -timeout 20m ./...
+	@$(WITH_TEST_DB) set -x; $(GO) test -race -count=1 -timeout 30m ./...
 
 lint: ## go vet and a gofmt check
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 bench: build ## ingest benchmark: HTTP vs the same transaction through pgbench
-	./bench/ingest.sh
+	@$(WITH_TEST_DB) ./bench/ingest.sh

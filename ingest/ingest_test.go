@@ -134,7 +134,9 @@ func (b *bundle) logs(t *testing.T) int { return b.count(t, "SELECT count(*) FRO
 func (b *bundle) jobs(t *testing.T) int {
 	return b.count(t, "SELECT count(*) FROM river_job WHERE kind = $1", outbox.ReportArgs{}.Kind())
 }
-func (b *bundle) records(t *testing.T) int { return b.count(t, "SELECT count(*) FROM idempotency_keys") }
+func (b *bundle) records(t *testing.T) int {
+	return b.count(t, "SELECT count(*) FROM idempotency_keys")
+}
 
 func requireStatus(t *testing.T, r response, want int) {
 	t.Helper()

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/overage-billing/overage/internal/pgtest"
+)
+
+// runCmd runs the binary's entry point in-process with env as its whole
+// environment.
+func runCmd(t *testing.T, env map[string]string, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), args, &out, &errOut, func(k string) string { return env[k] })
+	return out.String(), errOut.String(), err
+}
+
+func TestTenantCreatePrintsKeyOnceAndStoresOnlyItsHash(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := pgtest.NewPool(t)
+	env := map[string]string{"DATABASE_URL": dbURL}
+	out, _, err := runCmd(t, env, "tenant", "create", "--name", "Acme", "--stripe-customer", "cus_123", "--included-input-tokens", "1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct {
+		ID                  string `json:"id"`
+		APIKey              string `json:"api_key"`
+		IncludedInputTokens int64  `json:"included_input_tokens"`
+	}
+	if err := json.Unmarshal([]byte(out), &created); err != nil || created.ID == "" || !strings.HasPrefix(created.APIKey, "ovg_") || created.IncludedInputTokens != 1000 {
+		t.Fatalf("tenant create printed %q (%v)", out, err)
+	}
+	var stored int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM api_keys WHERE key_hash = sha256($1::bytea) AND position($2 in encode(key_hash, 'escape')) = 0`,
+		[]byte(created.APIKey), created.APIKey).Scan(&stored); err != nil || stored != 1 {
+		t.Fatalf("api key not stored as its SHA-256 (%d rows, %v)", stored, err)
+	}
+
+	_, _, err = runCmd(t, env, "tenant", "create", "--name", "", "--stripe-customer", "acme")
+	if err == nil || !strings.Contains(err.Error(), "--name") || !strings.Contains(err.Error(), "--stripe-customer") {
+		t.Fatalf("invalid tenant: err = %v, want both bad flags named", err)
+	}
+}
+
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	t.Parallel()
+	_, err := LoadConfig(func(k string) string {
+		return map[string]string{"SWEEP_INTERVAL": "ten minutes", "REPORT_MAX_ATTEMPTS": "-1", "STRIPE_API_BASE": "localhost"}[k]
+	})
+	if err == nil {
+		t.Fatal("malformed configuration accepted")
+	}
+	for _, name := range []string{"SWEEP_INTERVAL", "REPORT_MAX_ATTEMPTS", "STRIPE_API_BASE"} {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("error %q does not name %s", err, name)
+		}
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Errorf("error is not one line: %q", err)
+	}
+	cfg, err := LoadConfig(func(string) string { return "" })
+	if err != nil || cfg.ListenAddr != "127.0.0.1:8080" || cfg.SweepGrace != 10*time.Minute || cfg.ReportMaxAttempts != 5 || cfg.StripeIdempotencyWindow != 24*time.Hour {
+		t.Fatalf("defaults: %+v, %v", cfg, err)
+	}
+}
+
+func TestHelpAndUnknownCommand(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--help"}, {"serve", "--help"}, {"migrate", "--help"}, {"work", "--help"}, {"tenant", "--help"}, {"tenant", "create", "--help"}} {
+		out, _, err := runCmd(t, nil, args...)
+		if (err != nil && !strings.Contains(err.Error(), "help requested")) || !strings.Contains(out, "overage") && !strings.Contains(out, "Usage") {
+			t.Errorf("%v: out=%q err=%v", args, out, err)
+		}
+	}
+	if _, _, err := runCmd(t, nil, "bill-everyone"); err == nil {
+		t.Error("unknown command accepted")
+	}
+}
+
+// TestServeEndToEnd runs `overage migrate`, `tenant create` and the server
+// as the binary wires them, on port 0, and records and replays an event.
+func TestServeEndToEnd(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0"}
+	if out, _, err := runCmd(t, env, "migrate"); err != nil || !strings.Contains(out, "0 overage") {
+		t.Fatalf("migrate on a migrated database: %q %v", out, err)
+	}
+	out, _, err := runCmd(t, env, "tenant", "create", "--name", "Acme", "--stripe-customer", "cus_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tenant struct {
+		APIKey string `json:"api_key"`
+	}
+	if err := json.Unmarshal([]byte(out), &tenant); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	srv, err := NewServer(context.Background(), cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("server shutdown: %v", err)
+		}
+		srv.Close()
+	})
+
+	post := func() (int, string, http.Header) {
+		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s/v1/usage-events", srv.Addr()),
+			strings.NewReader(`{"user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1}`))
+		req.Header.Set("Authorization", "Bearer "+tenant.APIKey)
+		req.Header.Set("Idempotency-Key", "e2e-1")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b), res.Header
+	}
+	s1, b1, _ := post()
+	s2, b2, h2 := post()
+	if s1 != http.StatusAccepted || s2 != http.StatusAccepted || b1 != b2 || h2.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("first %d %s; second %d %s", s1, b1, s2, b2)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		res, err := http.Get("http://" + srv.Addr() + path)
+		if err != nil || res.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %v %v", path, res.StatusCode, err)
+		}
+		res.Body.Close()
+	}
+	if strings.Contains(logs.String(), tenant.APIKey) {
+		t.Fatal("the API key reached the log")
+	}
+}

@@ -1,0 +1,82 @@
+package ingest
+
+import (
+	"net/http"
+	"testing"
+)
+
+func TestCanonicalJSON(t *testing.T) {
+	t.Parallel()
+	cases := []struct{ in, want string }{
+		{`{"b":1, "a":2}`, `{"a":2,"b":1}`},
+		{" { \"a\" : [ 1 , 2.50, -0, 1e3 ] } ", `{"a":[1,2.5,0,1000]}`},
+		{`{"n":1e21,"m":1e-7,"o":0.000001}`, `{"m":1e-7,"n":1e+21,"o":0.000001}`},
+		{`"\u00e9\u2028\/"`, "\"\u00e9\u2028/\""},
+		{`"\u001f\n"`, `"\u001f\n"`},
+		// Sorted by UTF-16 code units: U+FB33 sorts before U+1F600 (a
+		// surrogate pair starting 0xD83D) only in UTF-16, not in UTF-8.
+		{`{"\ufb33":2,"😀":1}`, "{\"😀\":1,\"\uFB33\":2}"},
+		{`{"a":{"z":null,"y":true}}`, `{"a":{"y":true,"z":null}}`},
+	}
+	for _, c := range cases {
+		got, err := canonicalJSON([]byte(c.in))
+		if err != nil {
+			t.Fatalf("%s: %v", c.in, err)
+		}
+		if string(got) != c.want {
+			t.Errorf("canonicalJSON(%s) = %s, want %s", c.in, got, c.want)
+		}
+	}
+	if _, err := canonicalJSON([]byte(`{} {}`)); err == nil {
+		t.Error("trailing data accepted")
+	}
+}
+
+func TestFingerprintCoversMethodPathAndBody(t *testing.T) {
+	t.Parallel()
+	a, _ := fingerprint("POST", "/v1/usage-events", []byte(`{"a":1}`))
+	same, _ := fingerprint("POST", "/v1/usage-events", []byte(`{ "a" : 1 }`))
+	otherBody, _ := fingerprint("POST", "/v1/usage-events", []byte(`{"a":2}`))
+	otherPath, _ := fingerprint("POST", "/v1/usage-events/batch", []byte(`{"a":1}`))
+	if string(a) != string(same) {
+		t.Error("whitespace changed the fingerprint")
+	}
+	if string(a) == string(otherBody) || string(a) == string(otherPath) {
+		t.Error("a different body or path gave the same fingerprint")
+	}
+}
+
+func TestParseIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	ok := map[string]string{
+		`abc`:        "abc",
+		`"abc"`:      "abc",
+		` abc `:      "abc",
+		`"a\"b\\c"`:  `a"b\c`,
+		`has space`:  "has space",
+		`"with sp"`:  "with sp",
+		`x"y`:        `x"y`,
+		`key:1/2?=&`: `key:1/2?=&`,
+	}
+	for in, want := range ok {
+		h := http.Header{}
+		h.Set("Idempotency-Key", in)
+		got, err := parseIdempotencyKey(h)
+		if err != nil || got != want {
+			t.Errorf("parse(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{``, `""`, `"abc`, `"a"b"`, `"a\b"`, "tab\there", "é"} {
+		h := http.Header{}
+		h.Set("Idempotency-Key", in)
+		if got, err := parseIdempotencyKey(h); err == nil {
+			t.Errorf("parse(%q) = %q, want an error", in, got)
+		}
+	}
+	h := http.Header{}
+	h.Add("Idempotency-Key", "a")
+	h.Add("Idempotency-Key", "b")
+	if _, err := parseIdempotencyKey(h); err == nil {
+		t.Error("two Idempotency-Key headers accepted")
+	}
+}

@@ -1,0 +1,118 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/migrations"
+)
+
+// emptyDatabase creates a database with no tables at all (not cloned from
+// the migrated template), dropped when t ends.
+func emptyDatabase(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	server := pgtest.ServerURL(t)
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	name := fmt.Sprintf("ovgtest_empty_%d", pgtestCounter())
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), server)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			c.Close(context.Background())
+		}
+	})
+	u, _ := url.Parse(server)
+	u.Path = "/" + name
+	pool, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+var (
+	counterMu sync.Mutex
+	counter   int
+)
+
+func pgtestCounter() int {
+	counterMu.Lock()
+	defer counterMu.Unlock()
+	counter++
+	return counter
+}
+
+func TestMigrateConcurrentlyThenAgain(t *testing.T) {
+	t.Parallel()
+	pool := emptyDatabase(t)
+	ctx := context.Background()
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const runners = 3
+	results := make([]*migrations.Result, runners)
+	errs := make([]error, runners)
+	var wg sync.WaitGroup
+	for i := range runners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = migrations.Migrate(ctx, pool, nil)
+		}()
+	}
+	wg.Wait()
+	applied := 0
+	for i := range runners {
+		if errs[i] != nil {
+			t.Fatalf("concurrent migrate %d: %v", i, errs[i])
+		}
+		applied += len(results[i].Applied)
+	}
+	if applied != len(all) {
+		t.Fatalf("concurrent runs applied %d migrations between them, want each of the %d once", applied, len(all))
+	}
+	again, err := migrations.Migrate(ctx, pool, nil)
+	if err != nil || len(again.Applied) != 0 || len(again.RiverVersions) != 0 {
+		t.Fatalf("second run: %+v, %v; want nothing applied", again, err)
+	}
+	for _, table := range []string{"tenants", "api_keys", "usage_logs", "idempotency_keys", "allowance_usage", "river_job"} {
+		var ok bool
+		if err := pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&ok); err != nil || !ok {
+			t.Fatalf("table %s missing after migrate (%v)", table, err)
+		}
+	}
+}
+
+func TestMigrationFilesAreNumberedInOrder(t *testing.T) {
+	t.Parallel()
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range all {
+		if m.Version != i+1 {
+			t.Fatalf("migration %d is numbered %d: numbers must run 1, 2, 3 ... without gaps", i, m.Version)
+		}
+	}
+}
