@@ -21,9 +21,12 @@ run: build ## migrate and run the pipeline on its embedded default
 test: ## every test, against a real PostgreSQL (DATABASE_URL), with the race detector
 	@$(WITH_TEST_DB) set -x; $(GO) test -race -count=1 -timeout 30m ./...
 
+chaos: ## the chaos test at full size: 2,000 events, workers SIGKILLed mid-drain, a faulty Stripe
+	@$(WITH_TEST_DB) CHAOS_EVENTS=$${CHAOS_EVENTS:-2000} $(GO) test -race -count=1 -timeout 30m -run '^TestChaos$$' -v ./cmd/overage
+
 lint: ## go vet and a gofmt check
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-bench: build ## ingest benchmark: HTTP vs the same transaction through pgbench
+bench: build ## ingest (HTTP vs pgbench) and drain (logs/s into the Stripe emulator) benchmarks
 	@$(WITH_TEST_DB) ./bench/ingest.sh

@@ -33,3 +33,10 @@ print(f"{c:<8} {'http':<10} {h['events_per_s']:12.0f} {h['p50_ms']:9.2f} {h['p99
 print(f"{c:<8} {'pgbench':<10} {tps:12.0f} {'avg '+pglat:>19}")
 PY
 done
+
+# Drain: 50,000 pending logs, one `overage work` process, the emulator with
+# 5 ms latency and the rate limit above Stripe's 1,000/s.
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
+DRAIN_URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/${BENCH_DB}_drain').geturl())" "$PGHOST_URL")
+./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
+go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-50000}"

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -16,23 +15,20 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/apitest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
 )
 
-const adminToken = "admin-test-token"
+const adminToken = apitest.AdminToken
 
 type bundle struct {
+	*apitest.Server
 	pool   *pgxpool.Pool
-	dbURL  string
 	svc    *ingest.Service
-	srv    *httptest.Server
 	alice  *tenants.Created
 	bob    *tenants.Created
 	capped *tenants.Created // 1,000 input and 500 output tokens included
@@ -42,34 +38,13 @@ type bundle struct {
 // database, with three tenants.
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	pool, dbURL := pgtest.NewPool(t)
-	return setupOn(t, pool, dbURL)
+	return withTenants(t, apitest.Start(t))
 }
 
-func setupOn(t *testing.T, pool *pgxpool.Pool, dbURL string) *bundle {
+func withTenants(t *testing.T, s *apitest.Server) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := ingest.NewService(pool, outbox.NewInserter(rc, 5))
-	store := tenants.NewStore(pool)
-	h := api.NewRouter(api.Config{DB: pool, Handlers: []api.Mounter{
-		ingest.NewHandler(ingest.HandlerConfig{Service: svc, Auth: store, AdminToken: adminToken}),
-	}})
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	b := &bundle{pool: pool, dbURL: dbURL, svc: svc, srv: srv}
-	mk := func(name string, in, out int64) *tenants.Created {
-		c, err := store.Create(ctx, tenants.CreateParams{Name: name, StripeCustomerID: "cus_" + name, IncludedInputTokens: in, IncludedOutputTokens: out})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	b.alice, b.bob, b.capped = mk("alice", 0, 0), mk("bob", 0, 0), mk("capped", 1000, 500)
-	return b
+	return &bundle{Server: s, pool: s.Pool, svc: s.Service,
+		alice: s.Tenant(t, "alice", 0, 0), bob: s.Tenant(t, "bob", 0, 0), capped: s.Tenant(t, "capped", 1000, 500)}
 }
 
 type response struct {
@@ -89,7 +64,7 @@ func (r response) json(t *testing.T) map[string]any {
 
 func (b *bundle) do(t *testing.T, method, path, apiKey, idemKey, body string) response {
 	t.Helper()
-	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
+	req, err := http.NewRequest(method, b.URL+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,7 +530,7 @@ func TestDatabaseUnreachableFailsClosedAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	b := setupOn(t, pool, dbURL)
+	b := withTenants(t, apitest.StartOn(t, pool, dbURL))
 	requireStatus(t, b.post(t, b.alice.APIKey, "warm", event(1, 1)), http.StatusAccepted)
 
 	proxy.SetDown(true)

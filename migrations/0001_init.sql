@@ -51,7 +51,7 @@ CREATE TABLE usage_logs (
 CREATE UNIQUE INDEX usage_logs_tenant_request_id ON usage_logs (tenant_id, request_id) WHERE request_id IS NOT NULL;
 -- The sweep walks pending logs oldest first; the partial index stays as small
 -- as the backlog.
-CREATE INDEX usage_logs_pending ON usage_logs (created_at) WHERE billing_status = 'pending';
+CREATE INDEX usage_logs_pending ON usage_logs (created_at, id) WHERE billing_status = 'pending';
 -- Finance counts per tenant and status.
 CREATE INDEX usage_logs_tenant_status ON usage_logs (tenant_id, billing_status);
 

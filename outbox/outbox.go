@@ -75,3 +75,15 @@ func (i *Inserter) InsertReportTx(ctx context.Context, tx pgx.Tx, usageLogID uui
 	}
 	return nil
 }
+
+// SweepArgs asks a worker to requeue usage logs still unbilled after the
+// grace period and to park those past Stripe's idempotency window.
+type SweepArgs struct{}
+
+// Kind implements river.JobArgs.
+func (SweepArgs) Kind() string { return "overage.sweep" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts.
+func (SweepArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: QueueMaintenance}
+}

@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -11,12 +12,33 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/stripeclient"
 )
 
-// Config configures the workers.
+// Config configures the workers. Zero values take the defaults of the
+// README's configuration table.
 type Config struct {
 	Logger *slog.Logger
+	// Stripe sends meter events; required.
+	Stripe stripeclient.Sender
+	// MeterInputEvent and MeterOutputEvent are the meter event names.
+	MeterInputEvent, MeterOutputEvent string
+	// IdempotencyWindow is how long Stripe remembers a key.
+	IdempotencyWindow time.Duration
+	// SweepInterval is how often the sweep runs; SweepGrace is how long a
+	// log may stay pending before the sweep requeues it.
+	SweepInterval, SweepGrace time.Duration
+	// MaxAttempts is River's attempt count per report job.
+	MaxAttempts int
+	// ReportWorkers is how many report jobs run at once in this process.
+	ReportWorkers int
+	// JobTimeout bounds one report job run. A job left running by a
+	// crashed process is rescued after twice this.
+	JobTimeout time.Duration
+	// FetchCooldown is River's minimum time between fetches of jobs.
+	FetchCooldown time.Duration
 	// ReapInterval is how often expired idempotency records are deleted.
 	ReapInterval time.Duration
 	// StopTimeout bounds how long in-flight jobs may run after a stop
@@ -28,33 +50,57 @@ type Config struct {
 type Workers struct {
 	client *river.Client[pgx.Tx]
 	cfg    Config
+	// StopFunc, when set by whoever runs the workers, stops them; tests use
+	// it to restart a "process".
+	StopFunc func()
 }
 
 // New registers the workers and periodic jobs on a River client.
 func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if cfg.Stripe == nil {
+		return nil, errors.New("workers: a Stripe sender is required")
 	}
-	if cfg.ReapInterval == 0 {
-		cfg.ReapInterval = 10 * time.Minute
-	}
-	if cfg.StopTimeout == 0 {
-		cfg.StopTimeout = 20 * time.Second
-	}
+	cfg = cfg.withDefaults()
+	guard := guardFor(cfg)
+
 	ws := river.NewWorkers()
 	if err := river.AddWorkerSafely(ws, &IdempotencyReaper{pool: pool, logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("add idempotency reaper: %w", err)
 	}
+	if err := river.AddWorkerSafely(ws, &ReportWorker{
+		pool: pool, stripe: cfg.Stripe, window: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout,
+		meters: map[overage.Dimension]string{overage.DimensionInput: cfg.MeterInputEvent, overage.DimensionOutput: cfg.MeterOutputEvent},
+	}); err != nil {
+		return nil, fmt.Errorf("add report worker: %w", err)
+	}
+	if err := river.AddWorkerSafely(ws, newSweeper(pool, cfg)); err != nil {
+		return nil, fmt.Errorf("add sweeper: %w", err)
+	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
-		Logger:  cfg.Logger,
-		Workers: ws,
+		Logger:        cfg.Logger,
+		Workers:       ws,
+		MaxAttempts:   cfg.MaxAttempts,
+		FetchCooldown: cfg.FetchCooldown,
+		JobTimeout:    cfg.JobTimeout,
+		// River's default rescues a job left running by a killed process
+		// only after an hour; a report job is bounded by JobTimeout, so
+		// anything running for twice that belongs to a dead process (or a
+		// slow one, which is harmless: every send carries our key).
+		RescueStuckJobsAfter: 2 * cfg.JobTimeout,
 		Queues: map[string]river.QueueConfig{
+			outbox.QueueReport:      {MaxWorkers: cfg.ReportWorkers},
 			outbox.QueueMaintenance: {MaxWorkers: 2},
 		},
 		PeriodicJobs: []*river.PeriodicJob{
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.ReapInterval),
 				func() (river.JobArgs, *river.InsertOpts) { return outbox.ExpireIdempotencyKeysArgs{}, nil },
 				&river.PeriodicJobOpts{ID: "expire_idempotency_keys", RunOnStart: true}),
+			river.NewPeriodicJob(river.PeriodicInterval(cfg.SweepInterval),
+				func() (river.JobArgs, *river.InsertOpts) {
+					// One sweep per interval however many leaders come and go.
+					return outbox.SweepArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: max(cfg.SweepInterval, time.Second)}}
+				},
+				&river.PeriodicJobOpts{ID: "sweep", RunOnStart: true}),
 		},
 	})
 	if err != nil {
@@ -71,6 +117,9 @@ func (w *Workers) Client() *river.Client[pgx.Tx] { return w.client }
 // back to the queue as retryable.
 func (w *Workers) Run(ctx context.Context) error {
 	if err := w.client.Start(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while starting
+		}
 		return fmt.Errorf("start river: %w", err)
 	}
 	<-ctx.Done()
@@ -87,3 +136,44 @@ func (w *Workers) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+func (cfg Config) withDefaults() Config {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.ReapInterval, 10*time.Minute)
+	def(&cfg.StopTimeout, 20*time.Second)
+	def(&cfg.IdempotencyWindow, 24*time.Hour)
+	def(&cfg.SweepInterval, 10*time.Minute)
+	def(&cfg.SweepGrace, 10*time.Minute)
+	def(&cfg.JobTimeout, time.Minute)
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = 5
+	}
+	if cfg.ReportWorkers == 0 {
+		cfg.ReportWorkers = 100
+	}
+	if cfg.MeterInputEvent == "" {
+		cfg.MeterInputEvent = "llm_input_tokens"
+	}
+	if cfg.MeterOutputEvent == "" {
+		cfg.MeterOutputEvent = "llm_output_tokens"
+	}
+	return cfg
+}
+
+func guardFor(cfg Config) windowGuard {
+	return windowGuard{window: cfg.IdempotencyWindow, margin: marginFor(cfg.IdempotencyWindow)}
+}
+
+func newSweeper(pool *pgxpool.Pool, cfg Config) *Sweeper {
+	return &Sweeper{pool: pool, window: guardFor(cfg), grace: cfg.SweepGrace, maxAttempts: cfg.MaxAttempts, logger: cfg.Logger}
+}
+
+// NewSweeper returns the sweep on its own, for running one by hand.
+func NewSweeper(pool *pgxpool.Pool, cfg Config) *Sweeper { return newSweeper(pool, cfg.withDefaults()) }

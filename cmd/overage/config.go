@@ -26,6 +26,8 @@ type Config struct {
 	SweepGrace              time.Duration
 	StripeIdempotencyWindow time.Duration
 	ReportMaxAttempts       int
+	ReportWorkers           int
+	ReportJobTimeout        time.Duration
 	AdminToken              string
 	LogLevel                slog.Level
 }
@@ -80,6 +82,8 @@ func LoadConfig(getenv func(string) string) (*Config, error) {
 	c.SweepGrace = dur("SWEEP_GRACE", 10*time.Minute)
 	c.StripeIdempotencyWindow = dur("STRIPE_IDEMPOTENCY_WINDOW", 24*time.Hour)
 	c.ReportMaxAttempts = num("REPORT_MAX_ATTEMPTS", 5)
+	c.ReportWorkers = num("REPORT_WORKERS", 100)
+	c.ReportJobTimeout = dur("REPORT_JOB_TIMEOUT", time.Minute)
 	c.AdminToken = getenv("ADMIN_TOKEN")
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/workers"
 )
 
@@ -13,15 +15,40 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.StripeSecretKey == "" {
+		return errors.New("STRIPE_SECRET_KEY is required by overage work (use sk_test_... with STRIPE_API_BASE pointing at an emulator or stripe-mock to try it out)")
+	}
 	logger := newLogger(e.stderr, cfg.LogLevel)
+	sc, err := stripeclient.New(stripeclient.Config{
+		SecretKey: cfg.StripeSecretKey,
+		APIBase:   cfg.StripeAPIBase,
+		RateLimit: cfg.StripeRateLimit,
+		Logger:    logger,
+	})
+	if err != nil {
+		return fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)
+	}
 	pool, err := openPool(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	w, err := workers.New(pool, workers.Config{Logger: logger})
+	w, err := workers.New(pool, workers.Config{
+		Logger:            logger,
+		Stripe:            sc,
+		MeterInputEvent:   cfg.MeterInputEvent,
+		MeterOutputEvent:  cfg.MeterOutputEvent,
+		IdempotencyWindow: cfg.StripeIdempotencyWindow,
+		SweepInterval:     cfg.SweepInterval,
+		SweepGrace:        cfg.SweepGrace,
+		MaxAttempts:       cfg.ReportMaxAttempts,
+		ReportWorkers:     cfg.ReportWorkers,
+		JobTimeout:        cfg.ReportJobTimeout,
+	})
 	if err != nil {
 		return fmt.Errorf("workers: %w", err)
 	}
+	logger.Info("working", "stripe_api_base", cfg.StripeAPIBase, "report_workers", cfg.ReportWorkers)
 	return w.Run(ctx)
 }
+

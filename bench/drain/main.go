@@ -1,0 +1,130 @@
+// Command drain measures how fast one `overage work` process drains a
+// backlog of pending usage logs into Stripe: it seeds the backlog, starts
+// the local Stripe emulator with added latency, runs the binary as a child
+// process and times it until nothing is pending. It prints logs/s and
+// meter-event calls/s as one JSON line.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/stripeclient/emulator"
+)
+
+func main() {
+	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "migrated, empty benchmark database")
+	bin := flag.String("bin", "./bin/overage", "the overage binary")
+	logs := flag.Int("logs", 50000, "pending usage logs to drain")
+	tenants := flag.Int("tenants", 200, "tenants (Stripe customers) the logs spread over")
+	latency := flag.Duration("latency", 5*time.Millisecond, "emulator latency per call")
+	workers := flag.Int("workers", 200, "REPORT_WORKERS of the work process")
+	rateLimit := flag.Int("rate-limit", 5000, "STRIPE_RATE_LIMIT of the work process")
+	flag.Parse()
+	if err := run(*dbURL, *bin, *logs, *tenants, *latency, *workers, *rateLimit); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, rateLimit int) error {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := seed(ctx, pool, logs, tenants); err != nil {
+		return fmt.Errorf("seed: %w", err)
+	}
+
+	emu := emulator.New(emulator.Options{Faults: emulator.Faults{Latency: latency}})
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer emu.Close()
+
+	cmd := exec.Command(bin, "work")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "STRIPE_SECRET_KEY=sk_test_123", "STRIPE_API_BASE="+base,
+		"STRIPE_RATE_LIMIT="+strconv.Itoa(rateLimit), "REPORT_WORKERS="+strconv.Itoa(workers), "LOG_LEVEL=warn")
+	cmd.Stderr = os.Stderr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	for {
+		var pending int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'").Scan(&pending); err != nil {
+			return err
+		}
+		if pending == 0 {
+			break
+		}
+		if time.Since(start) > 15*time.Minute {
+			return fmt.Errorf("%d logs still pending after 15 minutes", pending)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	calls := len(emu.Requests())
+	return json.NewEncoder(os.Stdout).Encode(map[string]any{
+		"logs": logs, "meter_event_calls": calls, "seconds": elapsed.Seconds(),
+		"logs_per_s": float64(logs) / elapsed.Seconds(), "calls_per_s": float64(calls) / elapsed.Seconds(),
+		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers,
+	})
+}
+
+// seed writes tenants, pending logs (each with input and output overage,
+// two meter events) and their report jobs, as ingest would have.
+func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
+	if _, err := pool.Exec(ctx, `INSERT INTO tenants (id, name, stripe_customer_id)
+		SELECT gen_random_uuid(), 'drain' || n, 'cus_drain' || n FROM generate_series(1, $1) n`, tenants); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
+			period_start, overage_input_tokens, overage_output_tokens, billing_status)
+		SELECT gen_random_uuid(), t.id, now() - interval '1 minute', 'u', 'm', 100, 50, date_trunc('month', now()), 100, 50, 'pending'
+		FROM generate_series(1, $1) n
+		JOIN (SELECT id, row_number() OVER () - 1 AS i FROM tenants) t ON t.i = n % $2`, logs, tenants); err != nil {
+		return err
+	}
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return err
+	}
+	rows, err := pool.Query(ctx, "SELECT id FROM usage_logs")
+	if err != nil {
+		return err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return err
+	}
+	for i := 0; i < len(ids); i += 5000 {
+		var params []river.InsertManyParams
+		for _, id := range ids[i:min(i+5000, len(ids))] {
+			opts := outbox.ReportArgs{}.InsertOpts()
+			params = append(params, river.InsertManyParams{Args: outbox.ReportArgs{UsageLogID: id}, InsertOpts: &opts})
+		}
+		if _, err := rc.InsertMany(ctx, params); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,306 @@
+// Package client is the Go client app servers use to report LLM usage to
+// overage — the client half of the idempotency contract.
+//
+// One logical operation (one LLM call's usage) gets one Idempotency-Key,
+// fixed before the first attempt and sent unchanged, with the same body
+// bytes, on every retry: the caller's key, else the event's request_id,
+// else a random UUID. A retry after a lost response is then answered with
+// the stored outcome, never recorded twice.
+//
+// Retried: transport errors, 5xx, 429 and 409 "in progress" — with
+// exponential backoff, full jitter, and the server's Retry-After when it
+// gives one. Never retried: 409 "key reused" (a bug in the caller: a new
+// event needs a new key) and every other 4xx. Attempts are bounded and the
+// context is honoured while waiting.
+package client
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Problem types the client branches on.
+const (
+	ProblemKeyReused  = "https://overage.dev/problems/idempotency-key-reused"
+	ProblemInProgress = "https://overage.dev/problems/idempotency-key-in-progress"
+)
+
+// Config configures a Client.
+type Config struct {
+	// BaseURL of the overage API, e.g. http://127.0.0.1:8080.
+	BaseURL string
+	// APIKey is the tenant's API key.
+	APIKey string
+	// HTTPClient, default one with a 10 s timeout per attempt.
+	HTTPClient *http.Client
+	// MaxAttempts bounds the attempts per event, default 8.
+	MaxAttempts int
+	// BaseDelay and MaxDelay shape the backoff (defaults 100 ms and 10 s):
+	// before retry n the client sleeps a random time in
+	// [0, min(MaxDelay, BaseDelay*2^n)), or the server's Retry-After.
+	BaseDelay, MaxDelay time.Duration
+}
+
+// Client reports usage events. It is safe for concurrent use.
+type Client struct {
+	cfg Config
+}
+
+// New returns a Client.
+func New(cfg Config) (*Client, error) {
+	if cfg.BaseURL == "" {
+		return nil, errors.New("client: BaseURL is required")
+	}
+	if cfg.APIKey == "" {
+		return nil, errors.New("client: APIKey is required")
+	}
+	cfg.BaseURL = strings.TrimRight(cfg.BaseURL, "/")
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: 10 * time.Second}
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 8
+	}
+	if cfg.BaseDelay <= 0 {
+		cfg.BaseDelay = 100 * time.Millisecond
+	}
+	if cfg.MaxDelay <= 0 {
+		cfg.MaxDelay = 10 * time.Second
+	}
+	return &Client{cfg: cfg}, nil
+}
+
+// UsageEvent is one LLM call's usage.
+type UsageEvent struct {
+	// RequestID is the business key of the call (the LLM's request id),
+	// unique per tenant; optional but recommended.
+	RequestID string `json:"request_id,omitempty"`
+	// Timestamp of the usage; the client sets it to now before the first
+	// attempt when zero, so a retry reports the same instant.
+	Timestamp    time.Time `json:"timestamp"`
+	UserID       string    `json:"user_id"`
+	ModelID      string    `json:"model_id"`
+	InputTokens  int64     `json:"input_tokens"`
+	OutputTokens int64     `json:"output_tokens"`
+}
+
+// Overage is the billable part of a usage log.
+type Overage struct {
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+}
+
+// UsageLog is the server's record of an event.
+type UsageLog struct {
+	ID            string     `json:"id"`
+	TenantID      string     `json:"tenant_id"`
+	RequestID     *string    `json:"request_id"`
+	Timestamp     time.Time  `json:"timestamp"`
+	UserID        string     `json:"user_id"`
+	ModelID       string     `json:"model_id"`
+	InputTokens   int64      `json:"input_tokens"`
+	OutputTokens  int64      `json:"output_tokens"`
+	Overage       Overage    `json:"overage"`
+	BillingStatus string     `json:"billing_status"`
+	BilledAt      *time.Time `json:"billed_at"`
+	CreatedAt     time.Time  `json:"created_at"`
+	Duplicate     bool       `json:"duplicate"`
+}
+
+// Result is the outcome of Record.
+type Result struct {
+	Log UsageLog
+	// Replayed: the server answered with the stored outcome of an earlier
+	// attempt under the same key (the first answer was lost, say).
+	Replayed bool
+	// Duplicate: the request_id was already recorded under another key;
+	// nothing new was recorded or billed.
+	Duplicate bool
+	// Key is the Idempotency-Key used; Attempts how many requests it took.
+	Key      string
+	Attempts int
+}
+
+// Error is a refusal the client will not retry, or the last error after
+// the attempts ran out.
+type Error struct {
+	Status   int
+	Type     string
+	Title    string
+	Detail   string
+	Fields   []FieldError
+	Attempts int
+	// Err is a transport error, when there was no answer.
+	Err error
+}
+
+// FieldError names one bad input.
+type FieldError struct {
+	Field  string `json:"field"`
+	Detail string `json:"detail"`
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("overage: no answer after %d attempts: %v", e.Attempts, e.Err)
+	}
+	return fmt.Sprintf("overage: %d %s: %s (%s)", e.Status, e.Title, e.Detail, e.Type)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// RecordOpts are optional inputs of Record.
+type RecordOpts struct {
+	// IdempotencyKey names this operation; default ev.RequestID, else a
+	// random UUID minted once, before the first attempt.
+	IdempotencyKey string
+}
+
+// Record sends ev, retrying safely until it is recorded, refused, the
+// attempts run out or ctx ends.
+func (c *Client) Record(ctx context.Context, ev UsageEvent, opts *RecordOpts) (*Result, error) {
+	key := ""
+	if opts != nil {
+		key = opts.IdempotencyKey
+	}
+	if key == "" {
+		key = ev.RequestID
+	}
+	if key == "" {
+		key = newUUID()
+	}
+	if ev.Timestamp.IsZero() {
+		ev.Timestamp = time.Now().UTC()
+	}
+	// The body is fixed before the first attempt: every retry must be the
+	// same request, byte for byte, or the server would see key reuse.
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("overage: encode event: %w", err)
+	}
+
+	var last *Error
+	for attempt := 1; ; attempt++ {
+		res, retryAfter, err := c.attempt(ctx, key, body)
+		if err == nil {
+			res.Key, res.Attempts = key, attempt
+			return res, nil
+		}
+		var apiErr *Error
+		if !errors.As(err, &apiErr) {
+			return nil, err
+		}
+		apiErr.Attempts = attempt
+		last = apiErr
+		if !retryable(apiErr) || attempt >= c.cfg.MaxAttempts {
+			return nil, last
+		}
+		wait := c.backoff(attempt)
+		if retryAfter > 0 {
+			wait = retryAfter
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("overage: %w (after %d attempts; last: %v)", ctx.Err(), attempt, last)
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (c *Client) attempt(ctx context.Context, key string, body []byte) (*Result, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.BaseURL+"/v1/usage-events", bytes.NewReader(body))
+	if err != nil {
+		return nil, 0, fmt.Errorf("overage: build request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := c.cfg.HTTPClient.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, 0, fmt.Errorf("overage: %w", ctx.Err())
+		}
+		return nil, 0, &Error{Err: err}
+	}
+	defer res.Body.Close()
+	rb, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if err != nil {
+		return nil, 0, &Error{Err: fmt.Errorf("read response: %w", err)}
+	}
+	if res.StatusCode == http.StatusOK || res.StatusCode == http.StatusAccepted {
+		out := &Result{Replayed: res.Header.Get("Idempotent-Replayed") == "true"}
+		if err := json.Unmarshal(rb, &out.Log); err != nil {
+			return nil, 0, &Error{Status: res.StatusCode, Err: fmt.Errorf("decode usage log: %w", err)}
+		}
+		out.Duplicate = out.Log.Duplicate
+		return out, 0, nil
+	}
+	e := &Error{Status: res.StatusCode, Title: http.StatusText(res.StatusCode)}
+	var p struct {
+		Type   string       `json:"type"`
+		Title  string       `json:"title"`
+		Detail string       `json:"detail"`
+		Errors []FieldError `json:"errors"`
+	}
+	if json.Unmarshal(rb, &p) == nil {
+		e.Type, e.Detail, e.Fields = p.Type, p.Detail, p.Errors
+		if p.Title != "" {
+			e.Title = p.Title
+		}
+	}
+	return nil, retryAfter(res.Header.Get("Retry-After")), e
+}
+
+// retryable says whether the same request may succeed later.
+func retryable(e *Error) bool {
+	switch {
+	case e.Err != nil && e.Status == 0: // no answer: the request may or may not have run; the key makes a retry safe
+		return true
+	case e.Status == http.StatusConflict:
+		return e.Type == ProblemInProgress
+	case e.Status == http.StatusTooManyRequests, e.Status >= 500:
+		return true
+	}
+	return false
+}
+
+func (c *Client) backoff(attempt int) time.Duration {
+	d := c.cfg.MaxDelay
+	if shift := attempt - 1; shift < 30 {
+		d = min(d, c.cfg.BaseDelay<<shift)
+	}
+	return rand.N(d + 1)
+}
+
+// retryAfter parses Retry-After as seconds or an HTTP date.
+func retryAfter(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(v); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(0, time.Until(t))
+	}
+	return 0
+}
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}

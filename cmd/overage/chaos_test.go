@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/stripeclient/emulator"
+)
+
+// childEnv makes the test binary act as the overage binary: the chaos test
+// runs `overage work` as a real child process it can SIGKILL.
+const childEnv = "OVERAGE_TEST_CHILD_ARGS"
+
+func TestMain(m *testing.M) {
+	if args := os.Getenv(childEnv); args != "" {
+		main2(strings.Fields(args))
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// main2 is main with given arguments.
+func main2(args []string) {
+	os.Args = append([]string{"overage"}, args...)
+	main()
+}
+
+// TestChaos ingests events over the real HTTP API, then drains them with
+// `overage work` child processes that are SIGKILLed twice mid-drain, against
+// an emulator that loses 15% of its answers and fails 10% of requests with
+// 500 or 429. Whatever happened, Stripe must hold exactly the overage
+// PostgreSQL holds as billed, no identifier may be applied twice, and every
+// log must end billed or not billable.
+//
+// CHAOS_EVENTS sets the size (`make chaos` runs it large; `make test` runs
+// it small).
+func TestChaos(t *testing.T) {
+	t.Parallel()
+	events := 300
+	if v := os.Getenv("CHAOS_EVENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("CHAOS_EVENTS=%q: %v", v, err)
+		}
+		events = n
+	}
+
+	dbURL := pgtest.NewDatabase(t)
+	emu := emulator.New(emulator.Options{Seed: 42, Faults: emulator.Faults{
+		LostResponseRate: 0.15, ServerErrorRate: 0.05, RateLimitRate: 0.05, Latency: time.Millisecond,
+	}})
+	stripeURL, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emu.Close)
+
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0"}
+	type tenant struct {
+		ID     string `json:"id"`
+		APIKey string `json:"api_key"`
+	}
+	var tenantList []tenant
+	for i, args := range [][]string{
+		{"--stripe-customer", "cus_chaos1"},
+		{"--stripe-customer", "cus_chaos2"},
+		{"--stripe-customer", "cus_chaos3"},
+		{"--stripe-customer", "cus_chaos4", "--included-input-tokens", "20000", "--included-output-tokens", "5000"},
+	} {
+		out, _, err := runCmd(t, env, append([]string{"tenant", "create", "--name", fmt.Sprintf("chaos%d", i)}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tn tenant
+		if err := json.Unmarshal([]byte(out), &tn); err != nil {
+			t.Fatal(err)
+		}
+		tenantList = append(tenantList, tn)
+	}
+
+	// Ingest over real HTTP, some requests sent twice (a client retry after
+	// a timeout) and some request_ids reused under a new key.
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stopServer := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Run(sctx) }()
+	defer func() { stopServer(); <-served; srv.Close() }()
+
+	var wg sync.WaitGroup
+	var sent atomic.Int64
+	work := make(chan int)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				tn := tenantList[i%len(tenantList)]
+				body := fmt.Sprintf(`{"request_id":"req-%d","user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, i, i%7, 500+i%900, 100+i%300)
+				for _, key := range []string{fmt.Sprintf("key-%d", i), fmt.Sprintf("key-%d", i), fmt.Sprintf("other-%d", i)}[:1+i%3] {
+					status := postEvent(t, srv.Addr(), tn.APIKey, key, body)
+					if status != http.StatusAccepted && status != http.StatusOK {
+						t.Errorf("event %d: status %d", i, status)
+					}
+				}
+				sent.Add(1)
+			}
+		}()
+	}
+	for i := range events {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	count := func(q string) int {
+		var n int
+		if err := pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count("SELECT count(*) FROM usage_logs"); n != events {
+		t.Fatalf("%d usage logs for %d events", n, events)
+	}
+	billable := count("SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'")
+
+	workerEnv := append(os.Environ(),
+		"DATABASE_URL="+dbURL,
+		"STRIPE_SECRET_KEY=sk_test_123",
+		"STRIPE_API_BASE="+stripeURL,
+		"SWEEP_INTERVAL=1s",
+		"SWEEP_GRACE=2s",
+		"REPORT_JOB_TIMEOUT=3s",
+		"REPORT_MAX_ATTEMPTS=3",
+		"REPORT_WORKERS=20",
+		"LOG_LEVEL=warn",
+	)
+	startWorker := func() (*exec.Cmd, *bytes.Buffer) {
+		cmd := exec.Command(os.Args[0])
+		var stderr bytes.Buffer
+		cmd.Env = append(workerEnv, childEnv+"=work")
+		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd, &stderr
+	}
+	waitBilled := func(atLeast int, timeout time.Duration) {
+		deadline := time.Now().Add(timeout)
+		for count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'") < atLeast {
+			if time.Now().After(deadline) {
+				t.Fatalf("fewer than %d logs billed after %s", atLeast, timeout)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	// Kill -9 twice while it drains.
+	for _, fraction := range []int{4, 2} {
+		cmd, stderr := startWorker()
+		waitBilled(billable/fraction, 2*time.Minute)
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		t.Logf("killed the worker with %d of %d billable logs billed; its stderr:\n%s", count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'"), billable, tail(stderr.String(), 5))
+	}
+
+	cmd, stderr := startWorker()
+	deadline := time.Now().Add(4 * time.Minute)
+	for count("SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'") > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("logs still pending after 4 minutes; worker stderr:\n%s", tail(stderr.String(), 20))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("worker did not stop cleanly on SIGTERM: %v\n%s", err, tail(stderr.String(), 20))
+	}
+
+	if n := count("SELECT count(*) FROM usage_logs WHERE billing_status NOT IN ('billed', 'not_billable')"); n != 0 {
+		t.Fatalf("%d logs neither billed nor not_billable", n)
+	}
+	rows, err := pool.Query(context.Background(), `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.billing_status = 'billed' GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[emulator.AppliedKey]int64{}
+	for rows.Next() {
+		var cus string
+		var in, out int64
+		if err := rows.Scan(&cus, &in, &out); err != nil {
+			t.Fatal(err)
+		}
+		if in > 0 {
+			want[emulator.AppliedKey{Customer: cus, EventName: "llm_input_tokens"}] = in
+		}
+		if out > 0 {
+			want[emulator.AppliedKey{Customer: cus, EventName: "llm_output_tokens"}] = out
+		}
+	}
+	if got := emu.Applied(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Stripe applied %v\nPostgreSQL billed %v", got, want)
+	}
+	outcomes := map[string]int{}
+	for _, r := range emu.Requests() {
+		outcomes[r.Outcome]++
+	}
+	for _, e := range emu.Events() {
+		if n := emu.AppliedCount(e.Identifier); n != 1 {
+			t.Fatalf("identifier %s applied %d times", e.Identifier, n)
+		}
+	}
+	if outcomes[emulator.OutcomeLostResponse] == 0 || outcomes[emulator.OutcomeFaultServerError] == 0 {
+		t.Fatalf("the faults did not happen: %v", outcomes)
+	}
+	t.Logf("%d events, %d billable, %d meter events applied; emulator outcomes %v", events, billable, len(emu.Events()), outcomes)
+}
+
+func postEvent(t *testing.T, addr, apiKey, key, body string) int {
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/usage-events", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	for attempt := 0; ; attempt++ {
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Errorf("post: %v", err)
+			return 0
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		if res.StatusCode == http.StatusConflict && attempt < 50 { // in progress: retry
+			time.Sleep(20 * time.Millisecond)
+			req.Body = io.NopCloser(strings.NewReader(body))
+			continue
+		}
+		return res.StatusCode
+	}
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,402 @@
+package workers_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/stripeclient/emulator"
+	"github.com/overage-billing/overage/tenants"
+	"github.com/overage-billing/overage/workers"
+)
+
+type bundle struct {
+	pool    *pgxpool.Pool
+	emu     *emulator.Emulator
+	sc      *stripeclient.Client
+	ingest  *ingest.Service
+	tenants map[string]*tenants.Created // by Stripe customer id
+}
+
+func setup(t *testing.T, faults emulator.Faults) *bundle {
+	t.Helper()
+	pool, _ := pgtest.NewPool(t)
+	emu := emulator.New(emulator.Options{Seed: 7, Faults: faults})
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emu.Close)
+	sc, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: base, RateLimit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{pool: pool, emu: emu, sc: sc, ingest: ingest.NewService(pool, outbox.NewInserter(rc, 5)), tenants: map[string]*tenants.Created{}}
+	for _, c := range []struct {
+		cus    string
+		in, ot int64
+	}{{"cus_a", 0, 0}, {"cus_b", 0, 0}, {"cus_capped", 500, 0}} {
+		tn, err := tenants.NewStore(pool).Create(context.Background(), tenants.CreateParams{Name: c.cus, StripeCustomerID: c.cus, IncludedInputTokens: c.in, IncludedOutputTokens: c.ot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.tenants[c.cus] = tn
+	}
+	return b
+}
+
+// record ingests one event through the real ingest transaction.
+func (b *bundle) record(t *testing.T, customer string, in, out int64) uuid.UUID {
+	t.Helper()
+	key := uuid.NewString()
+	o, err := b.ingest.Record(context.Background(), ingest.RecordParams{
+		TenantID: b.tenants[customer].ID, Key: key, Fingerprint: []byte(key),
+		Event: &ingest.Event{Timestamp: time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id uuid.UUID
+	if err := b.pool.QueryRow(context.Background(), "SELECT usage_log_id FROM idempotency_keys WHERE idempotency_key = $1", key).Scan(&id); err != nil {
+		t.Fatalf("recorded log: %v (%s)", err, o.Body)
+	}
+	return id
+}
+
+func (b *bundle) start(t *testing.T, cfg workers.Config) *workers.Workers {
+	t.Helper()
+	cfg.Stripe = b.sc
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if cfg.SweepInterval == 0 {
+		cfg.SweepInterval = time.Hour // tests that want a sweep ask for one
+	}
+	w, err := workers.New(b.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var stopped atomic.Bool
+	stop := func() {
+		if stopped.CompareAndSwap(false, true) {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("workers stopped with %v", err)
+			}
+		}
+	}
+	t.Cleanup(stop)
+	w.StopFunc = stop
+	return w
+}
+
+func (b *bundle) status(t *testing.T, id uuid.UUID) (overage.BillingStatus, string) {
+	t.Helper()
+	var s overage.BillingStatus
+	var msg *string
+	if err := b.pool.QueryRow(context.Background(), "SELECT billing_status, billing_message FROM usage_logs WHERE id = $1", id).Scan(&s, &msg); err != nil {
+		t.Fatal(err)
+	}
+	if msg == nil {
+		return s, ""
+	}
+	return s, *msg
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, want overage.BillingStatus, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool {
+		s, _ := b.status(t, id)
+		return s == want
+	})
+}
+
+// requestsFor returns what the emulator received for a log's dimension, and
+// fails unless every one carried the derived key as both the
+// Idempotency-Key and the identifier.
+func (b *bundle) requestsFor(t *testing.T, id uuid.UUID, d overage.Dimension) []emulator.Request {
+	t.Helper()
+	want := overage.MeterEventKey(id, d)
+	var out []emulator.Request
+	for _, r := range b.emu.Requests() {
+		if r.Identifier == want || r.IdempotencyKey == want {
+			if r.Identifier != want || r.IdempotencyKey != want {
+				t.Fatalf("request for %s carried key %q and identifier %q, want both %q", id, r.IdempotencyKey, r.Identifier, want)
+			}
+			out = append(out, r)
+		}
+	}
+	for _, r := range b.emu.Requests() {
+		if strings.Contains(r.IdempotencyKey, id.String()) && r.IdempotencyKey != want && !strings.HasSuffix(r.IdempotencyKey, ":input") && !strings.HasSuffix(r.IdempotencyKey, ":output") {
+			t.Fatalf("a request for %s carried a key not derived from it: %q", id, r.IdempotencyKey)
+		}
+	}
+	return out
+}
+
+func TestReportBillsEveryLogOnceWithKeysDerivedFromTheLog(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Faults{})
+	var ids []uuid.UUID
+	for i := range 10 {
+		ids = append(ids, b.record(t, "cus_a", int64(100+i), 10))
+		ids = append(ids, b.record(t, "cus_capped", 300, 7)) // the second one crosses 500 included
+	}
+	b.start(t, workers.Config{})
+	for _, id := range ids {
+		b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	}
+	requireAppliedEqualsBilled(t, b)
+	for _, id := range ids {
+		for _, d := range overage.Dimensions {
+			for _, r := range b.requestsFor(t, id, d) {
+				if r.Outcome != emulator.OutcomeApplied {
+					for _, r := range b.requestsFor(t, id, d) {
+						t.Logf("%+v", r)
+					}
+					var errs string
+					_ = b.pool.QueryRow(context.Background(), "SELECT errors::text FROM river_job WHERE args->>'usage_log_id' = $1", id.String()).Scan(&errs)
+					t.Logf("job errors: %s", errs)
+					t.Fatalf("unexpected outcome without faults: %+v", r)
+				}
+			}
+		}
+	}
+	var billedAt *time.Time
+	if err := b.pool.QueryRow(context.Background(), "SELECT billed_at FROM usage_logs WHERE id = $1", ids[0]).Scan(&billedAt); err != nil || billedAt == nil {
+		t.Fatalf("billed_at = %v (%v)", billedAt, err)
+	}
+	if n := countJobs(t, b.pool, "completed"); n != len(ids) {
+		t.Fatalf("%d completed report jobs, want %d", n, len(ids))
+	}
+}
+
+// requireAppliedEqualsBilled checks the emulator's applied totals per
+// customer and meter against the overage PostgreSQL holds as billed, and
+// that no identifier was applied twice.
+func requireAppliedEqualsBilled(t *testing.T, b *bundle) {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.billing_status = 'billed' GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[emulator.AppliedKey]int64{}
+	for rows.Next() {
+		var cus string
+		var in, out int64
+		if err := rows.Scan(&cus, &in, &out); err != nil {
+			t.Fatal(err)
+		}
+		if in > 0 {
+			want[emulator.AppliedKey{Customer: cus, EventName: "llm_input_tokens"}] = in
+		}
+		if out > 0 {
+			want[emulator.AppliedKey{Customer: cus, EventName: "llm_output_tokens"}] = out
+		}
+	}
+	got := b.emu.Applied()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Stripe applied %v, PostgreSQL billed %v", got, want)
+	}
+	seen := map[string]bool{}
+	for _, e := range b.emu.Events() {
+		if seen[e.Identifier] || b.emu.AppliedCount(e.Identifier) != 1 {
+			t.Fatalf("identifier %s applied twice", e.Identifier)
+		}
+		seen[e.Identifier] = true
+	}
+}
+
+func countJobs(t *testing.T, pool *pgxpool.Pool, state string) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE kind = $1 AND state = $2", outbox.ReportArgs{}.Kind(), state).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
+	t.Parallel()
+	// The first answer is lost (Stripe applied the event), the River retry
+	// meets a 500, then the process restarts and the next one succeeds.
+	b := setup(t, emulator.Faults{LostResponseRate: 1})
+	id := b.record(t, "cus_a", 100, 0)
+	w := b.start(t, workers.Config{})
+	waitFor(t, "the lost response", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 1 })
+	b.emu.SetFaults(emulator.Faults{ServerErrorRate: 1})
+	waitFor(t, "a River retry", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 2 })
+	w.StopFunc() // restart: a new process picks the job up
+	b.emu.SetFaults(emulator.Faults{})
+	b.start(t, workers.Config{})
+	b.waitStatus(t, id, overage.BillingStatusBilled, 30*time.Second)
+
+	reqs := b.requestsFor(t, id, overage.DimensionInput)
+	for _, r := range reqs {
+		t.Logf("%+v", r)
+	}
+	if len(reqs) < 3 {
+		t.Fatalf("%d requests, want the lost one, a retry and one after the restart", len(reqs))
+	}
+	if reqs[len(reqs)-1].Outcome != emulator.OutcomeReplayed {
+		t.Fatalf("last answer %q, want Stripe's replay of the saved response", reqs[len(reqs)-1].Outcome)
+	}
+	if n := b.emu.AppliedCount(overage.MeterEventKey(id, overage.DimensionInput)); n != 1 {
+		t.Fatalf("applied %d times, want once", n)
+	}
+	requireAppliedEqualsBilled(t, b)
+}
+
+func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
+	t.Parallel()
+	// One attempt only: the lost response discards the job while the log
+	// stays pending although Stripe applied it.
+	b := setup(t, emulator.Faults{LostResponseRate: 1})
+	id := b.record(t, "cus_b", 40, 2)
+	if _, err := b.pool.Exec(context.Background(), "UPDATE river_job SET max_attempts = 1"); err != nil {
+		t.Fatal(err)
+	}
+	w := b.start(t, workers.Config{MaxAttempts: 1})
+	waitFor(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.pool, "discarded") == 1 })
+	if s, _ := b.status(t, id); s != overage.BillingStatusPending {
+		t.Fatalf("status %s, want pending", s)
+	}
+	w.StopFunc()
+	b.emu.SetFaults(emulator.Faults{})
+	// A sweep with no grace requeues it at once.
+	b.start(t, workers.Config{SweepInterval: 200 * time.Millisecond, SweepGrace: time.Millisecond})
+	defer func() {
+		rows, _ := b.pool.Query(context.Background(), "SELECT kind, state::text, attempt, errors::text FROM river_job ORDER BY id")
+		for rows.Next() {
+			var k, st string
+			var a int
+			var e *string
+			_ = rows.Scan(&k, &st, &a, &e)
+			t.Logf("job %s %s %d %v", k, st, a, e)
+		}
+	}()
+	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	for _, d := range overage.Dimensions {
+		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
+			t.Fatalf("%s applied %d times, want once", d, n)
+		}
+		if len(b.requestsFor(t, id, d)) < 1 {
+			t.Fatalf("no request for %s", d)
+		}
+	}
+	requireAppliedEqualsBilled(t, b)
+}
+
+func TestSweepSkipsLogsWithALiveJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Faults{})
+	b.record(t, "cus_a", 5, 5)
+	b.record(t, "cus_a", 6, 6)
+	// No workers run: both jobs are live (available). A sweep inserts none.
+	sweeper := workers.NewSweeper(b.pool, workers.Config{SweepGrace: time.Millisecond})
+	rc, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // past the 1 ms grace
+	res, err := sweeper.Sweep(context.Background(), rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requeued != 0 || res.Skipped != 2 {
+		t.Fatalf("sweep with live jobs: %+v, want 2 skipped", res)
+	}
+	if _, err := b.pool.Exec(context.Background(), "UPDATE river_job SET state = 'discarded', finalized_at = now()"); err != nil {
+		t.Fatal(err)
+	}
+	res, err = sweeper.Sweep(context.Background(), rc)
+	if err != nil || res.Requeued != 2 {
+		t.Fatalf("sweep after discard: %+v %v, want 2 requeued", res, err)
+	}
+}
+
+func TestWindowGuardParksALogAndStopsSending(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Faults{BlackholeCustomers: []string{"cus_b"}})
+	id := b.record(t, "cus_b", 10, 0)
+	const window = 3 * time.Second
+	b.start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Millisecond, JobTimeout: 2 * time.Second})
+	b.waitStatus(t, id, overage.BillingStatusNeedsReview, 30*time.Second)
+	var first time.Time
+	if err := b.pool.QueryRow(context.Background(), "SELECT first_attempt_at FROM usage_logs WHERE id = $1", id).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	// Let any straggler show itself, then check nothing went out late.
+	time.Sleep(time.Second)
+	reqs := b.requestsFor(t, id, overage.DimensionInput)
+	if len(reqs) == 0 {
+		t.Fatal("nothing was sent at all")
+	}
+	for _, r := range reqs {
+		if r.ReceivedAt.After(first.Add(window)) {
+			t.Fatalf("a request with the key was sent at %s, after the window closed at %s", r.ReceivedAt, first.Add(window))
+		}
+	}
+	if s, msg := b.status(t, id); s != overage.BillingStatusNeedsReview || !strings.Contains(msg, "idempotency window") {
+		t.Fatalf("status %s %q", s, msg)
+	}
+	if len(b.emu.Events()) != 0 {
+		t.Fatal("a blackholed customer's event was applied")
+	}
+}
+
+func TestPermanentErrorFailsTheLogAndStopsRetrying(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Faults{})
+	b.emu.SetCustomerFailure("cus_b", "No such customer: 'cus_b'")
+	id := b.record(t, "cus_b", 10, 0)
+	ok := b.record(t, "cus_a", 10, 0)
+	b.start(t, workers.Config{})
+	b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
+	b.waitStatus(t, ok, overage.BillingStatusBilled, 20*time.Second)
+	if _, msg := b.status(t, id); !strings.Contains(msg, "No such customer") {
+		t.Fatalf("failure message %q does not carry Stripe's", msg)
+	}
+	waitFor(t, "the job to be cancelled", 10*time.Second, func() bool { return countJobs(t, b.pool, "cancelled") == 1 })
+	if n := len(b.requestsFor(t, id, overage.DimensionInput)); n != 1 {
+		t.Fatalf("%d requests for a permanently failing log, want 1", n)
+	}
+}
+
+var _ = pgx.ErrNoRows
