@@ -51,4 +51,3 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 	logger.Info("working", "stripe_api_base", cfg.StripeAPIBase, "report_workers", cfg.ReportWorkers)
 	return w.Run(ctx)
 }
-
