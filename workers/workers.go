@@ -156,7 +156,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.MaxAttempts = 5
 	}
 	if cfg.ReportWorkers == 0 {
-		cfg.ReportWorkers = 100
+		cfg.ReportWorkers = 200
 	}
 	if cfg.MeterInputEvent == "" {
 		cfg.MeterInputEvent = "llm_input_tokens"

@@ -82,7 +82,7 @@ func LoadConfig(getenv func(string) string) (*Config, error) {
 	c.SweepGrace = dur("SWEEP_GRACE", 10*time.Minute)
 	c.StripeIdempotencyWindow = dur("STRIPE_IDEMPOTENCY_WINDOW", 24*time.Hour)
 	c.ReportMaxAttempts = num("REPORT_MAX_ATTEMPTS", 5)
-	c.ReportWorkers = num("REPORT_WORKERS", 100)
+	c.ReportWorkers = num("REPORT_WORKERS", 200)
 	c.ReportJobTimeout = dur("REPORT_JOB_TIMEOUT", time.Minute)
 	c.AdminToken = getenv("ADMIN_TOKEN")
 	if v := getenv("LOG_LEVEL"); v != "" {

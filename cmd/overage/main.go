@@ -108,15 +108,24 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
-// openPool connects to PostgreSQL. Sizes and timeouts given in the URL
-// (pool_max_conns, connect_timeout) win over these defaults.
-func openPool(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
+// Default pool sizes. Together they stay under PostgreSQL's default
+// max_connections (100, 3 reserved): `work` needs more, because each of its
+// report jobs commits twice while `serve` commits once per request.
+const (
+	serveMaxConns = 32
+	workMaxConns  = 60
+	toolMaxConns  = 4
+)
+
+// openPool connects to PostgreSQL with at most maxConns connections. Sizes
+// and timeouts given in the URL (pool_max_conns, connect_timeout) win.
+func openPool(ctx context.Context, databaseURL string, maxConns int32) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", redactParseError(err))
 	}
 	if !strings.Contains(databaseURL, "pool_max_conns") {
-		pc.MaxConns = 40
+		pc.MaxConns = maxConns
 	}
 	if pc.ConnConfig.ConnectTimeout == 0 {
 		pc.ConnConfig.ConnectTimeout = 5 * time.Second

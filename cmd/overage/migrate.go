@@ -14,7 +14,7 @@ func cmdMigrate(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	logger := newLogger(e.stderr, cfg.LogLevel)
-	pool, err := openPool(ctx, cfg.DatabaseURL)
+	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
 	if err != nil {
 		return err
 	}

@@ -56,7 +56,7 @@ type Server struct {
 
 // NewServer connects, listens and wires the API; Run serves it.
 func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, error) {
-	pool, err := openPool(ctx, cfg.DatabaseURL)
+	pool, err := openPool(ctx, cfg.DatabaseURL, serveMaxConns)
 	if err != nil {
 		return nil, err
 	}

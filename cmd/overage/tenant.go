@@ -31,7 +31,7 @@ func cmdTenant(ctx context.Context, e env, args []string) error {
 	if err := p.Validate(); err != nil {
 		return describeError(err)
 	}
-	pool, err := openPool(ctx, cfg.DatabaseURL)
+	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
 	if err != nil {
 		return err
 	}

@@ -28,7 +28,7 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)
 	}
-	pool, err := openPool(ctx, cfg.DatabaseURL)
+	pool, err := openPool(ctx, cfg.DatabaseURL, workMaxConns)
 	if err != nil {
 		return err
 	}
