@@ -14,9 +14,8 @@ help: ## list the targets
 build: ## build bin/overage
 	$(GO) build -o bin/overage ./cmd/overage
 
-run: build ## migrate and run the pipeline on its embedded default
-	./bin/overage migrate
-	./bin/overage serve
+run: build ## migrate and run everything on its embedded default, with a demo burst
+	./bin/overage dev $(ARGS)
 
 test: ## every test, against a real PostgreSQL (DATABASE_URL), with the race detector
 	@$(WITH_TEST_DB) set -x; $(GO) test -race -count=1 -timeout 30m ./...

@@ -1,102 +1,27 @@
 package client_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/flakyproxy"
 )
 
-// faultProxy sits between the client and the real server. Each request
-// takes the next fault from its script (none once the script is done) and
-// it records what the client sent.
-type faultProxy struct {
-	mu     sync.Mutex
-	script []string
-	seen   []seenRequest
-	target *httputil.ReverseProxy
-	origin string
-}
-
-type seenRequest struct {
-	key  string
-	body string
-}
-
-const (
-	faultDropAfterCommit = "drop-after-commit" // the server commits, the client never hears
-	faultUnavailable     = "503"               // answered by the proxy, with Retry-After: 1
-	faultInProgress      = "409-in-progress"
-	faultTooMany         = "429"
-)
-
-func newFaultProxy(t *testing.T, origin string, script ...string) *httptest.Server {
-	u, err := url.Parse(origin)
+func newFaultProxy(t *testing.T, origin string, script ...flakyproxy.Fault) (*httptest.Server, *flakyproxy.Proxy) {
+	t.Helper()
+	p, err := flakyproxy.New(origin, flakyproxy.Script(script...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &faultProxy{script: script, target: httputil.NewSingleHostReverseProxy(u), origin: origin}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
-	proxies.Store(srv.URL, p)
-	return srv
-}
-
-var proxies sync.Map
-
-func proxyOf(srv *httptest.Server) *faultProxy {
-	p, _ := proxies.Load(srv.URL)
-	return p.(*faultProxy)
-}
-
-func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	p.mu.Lock()
-	p.seen = append(p.seen, seenRequest{key: r.Header.Get("Idempotency-Key"), body: string(body)})
-	fault := ""
-	if len(p.script) > 0 {
-		fault, p.script = p.script[0], p.script[1:]
-	}
-	p.mu.Unlock()
-	problem := func(status int, typ string) {
-		w.Header().Set("Content-Type", "application/problem+json")
-		w.Header().Set("Retry-After", "1")
-		w.WriteHeader(status)
-		_, _ = io.WriteString(w, `{"type":"https://overage.dev/problems/`+typ+`","title":"x","status":0}`)
-	}
-	switch fault {
-	case faultDropAfterCommit:
-		// Let the real server finish and commit, then lose its answer.
-		rec := httptest.NewRecorder()
-		p.target.ServeHTTP(rec, r)
-		conn, _, _ := w.(http.Hijacker).Hijack()
-		_ = conn.Close()
-	case faultUnavailable:
-		problem(http.StatusServiceUnavailable, "service-unavailable")
-	case faultInProgress:
-		problem(http.StatusConflict, "idempotency-key-in-progress")
-	case faultTooMany:
-		problem(http.StatusTooManyRequests, "rate-limited")
-	default:
-		p.target.ServeHTTP(w, r)
-	}
-}
-
-func (p *faultProxy) requests() []seenRequest {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]seenRequest(nil), p.seen...)
+	return srv, p
 }
 
 type bundle struct {
@@ -131,13 +56,13 @@ func (b *bundle) logs(t *testing.T) int {
 var ev = client.UsageEvent{RequestID: "chatcmpl-1", UserID: "u", ModelID: "gpt-4o", InputTokens: 1200, OutputTokens: 350}
 
 // requireSameRequest checks every attempt carried the same key and body.
-func requireSameRequest(t *testing.T, reqs []seenRequest, n int) {
+func requireSameRequest(t *testing.T, reqs []flakyproxy.Seen, n int) {
 	t.Helper()
 	if len(reqs) != n {
 		t.Fatalf("%d attempts reached the proxy, want %d", len(reqs), n)
 	}
 	for _, r := range reqs[1:] {
-		if r != reqs[0] {
+		if r.Key != reqs[0].Key || r.Body != reqs[0].Body {
 			t.Fatalf("a retry changed the request: %+v vs %+v", r, reqs[0])
 		}
 	}
@@ -158,7 +83,7 @@ func TestRecord(t *testing.T) {
 func TestLostResponseIsRetriedWithTheSameKeyAndRecordedOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	proxy := newFaultProxy(t, b.srv.URL, faultDropAfterCommit)
+	proxy, fp := newFaultProxy(t, b.srv.URL, flakyproxy.DropAfterCommit)
 	e := ev
 	e.RequestID = "" // the client mints the key itself
 	res, err := b.client(t, proxy.URL).Record(context.Background(), e, nil)
@@ -168,7 +93,7 @@ func TestLostResponseIsRetriedWithTheSameKeyAndRecordedOnce(t *testing.T) {
 	if !res.Replayed || res.Attempts != 2 {
 		t.Fatalf("result %+v, want a replay on the second attempt", res)
 	}
-	requireSameRequest(t, proxyOf(proxy).requests(), 2)
+	requireSameRequest(t, fp.Seen(), 2)
 	if n := b.logs(t); n != 1 {
 		t.Fatalf("%d usage logs, want 1", n)
 	}
@@ -177,7 +102,7 @@ func TestLostResponseIsRetriedWithTheSameKeyAndRecordedOnce(t *testing.T) {
 func TestRetriesUnavailableInProgressAndTooManyHonouringRetryAfter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	proxy := newFaultProxy(t, b.srv.URL, faultUnavailable, faultInProgress, faultTooMany)
+	proxy, fp := newFaultProxy(t, b.srv.URL, flakyproxy.Unavailable, flakyproxy.InProgress, flakyproxy.TooMany)
 	start := time.Now()
 	res, err := b.client(t, proxy.URL).Record(context.Background(), ev, nil)
 	if err != nil {
@@ -189,13 +114,13 @@ func TestRetriesUnavailableInProgressAndTooManyHonouringRetryAfter(t *testing.T)
 	if elapsed := time.Since(start); elapsed < 3*time.Second {
 		t.Fatalf("took %s: three Retry-After: 1 answers were not honoured", elapsed)
 	}
-	requireSameRequest(t, proxyOf(proxy).requests(), 4)
+	requireSameRequest(t, fp.Seen(), 4)
 }
 
 func TestNeverRetriesKeyReuseOrOtherClientErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	proxy := newFaultProxy(t, b.srv.URL)
+	proxy, fp := newFaultProxy(t, b.srv.URL)
 	c := b.client(t, proxy.URL)
 	if _, err := c.Record(context.Background(), ev, &client.RecordOpts{IdempotencyKey: "k"}); err != nil {
 		t.Fatal(err)
@@ -213,7 +138,7 @@ func TestNeverRetriesKeyReuseOrOtherClientErrors(t *testing.T) {
 	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusUnprocessableEntity || apiErr.Attempts != 1 || len(apiErr.Fields) == 0 {
 		t.Fatalf("invalid event: %v", err)
 	}
-	if n := len(proxyOf(proxy).requests()); n != 3 {
+	if n := len(fp.Seen()); n != 3 {
 		t.Fatalf("%d requests, want 3 (no retries)", n)
 	}
 }

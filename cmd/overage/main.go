@@ -26,6 +26,7 @@ Usage:
   overage serve                   run the HTTP API
   overage work                    run the River workers and the periodic sweep
   overage tenant create ...       create a tenant and print its API key once
+  overage dev                     everything in one process, with a demo (see README)
 
 Configuration comes from the environment (see README.md); flags override it.
 Run "overage <command> --help" for a command's flags.
@@ -69,6 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return cmdWork(ctx, e, args[1:])
 	case "tenant":
 		return cmdTenant(ctx, e, args[1:])
+	case "dev":
+		return cmdDev(ctx, e, args[1:])
 	default:
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])

@@ -76,7 +76,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 
 func TestHelpAndUnknownCommand(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"--help"}, {"serve", "--help"}, {"migrate", "--help"}, {"work", "--help"}, {"tenant", "--help"}, {"tenant", "create", "--help"}} {
+	for _, args := range [][]string{{"--help"}, {"serve", "--help"}, {"migrate", "--help"}, {"work", "--help"}, {"tenant", "--help"}, {"tenant", "create", "--help"}, {"dev", "--help"}} {
 		out, _, err := runCmd(t, nil, args...)
 		if (err != nil && !strings.Contains(err.Error(), "help requested")) || !strings.Contains(out, "overage") && !strings.Contains(out, "Usage") {
 			t.Errorf("%v: out=%q err=%v", args, out, err)

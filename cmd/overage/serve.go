@@ -48,10 +48,11 @@ func cmdServe(ctx context.Context, e env, args []string) error {
 // Server is `overage serve`: the HTTP API on one listener. Tests start it
 // on 127.0.0.1:0 and read Addr.
 type Server struct {
-	pool   *pgxpool.Pool
-	ln     net.Listener
-	http   *http.Server
-	logger *slog.Logger
+	pool     *pgxpool.Pool
+	ownsPool bool
+	ln       net.Listener
+	http     *http.Server
+	logger   *slog.Logger
 }
 
 // NewServer connects, listens and wires the API; Run serves it.
@@ -60,16 +61,25 @@ func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, 
 	if err != nil {
 		return nil, err
 	}
+	s, err := newServer(pool, cfg, logger)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s.ownsPool = true
+	return s, nil
+}
+
+// newServer wires the API on a pool the caller owns.
+func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
 	// Insert-only: `serve` runs no workers, it only puts jobs in the
 	// outbox inside its transactions.
 	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{Logger: logger})
 	if err != nil {
-		pool.Close()
 		return nil, fmt.Errorf("river client: %w", err)
 	}
 	ln, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
-		pool.Close()
 		return nil, fmt.Errorf("LISTEN_ADDR=%s: %w", cfg.ListenAddr, err)
 	}
 	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts))
@@ -121,5 +131,9 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// Close releases the database pool.
-func (s *Server) Close() { s.pool.Close() }
+// Close releases the database pool, if the server opened it.
+func (s *Server) Close() {
+	if s.ownsPool {
+		s.pool.Close()
+	}
+}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/workers"
@@ -19,6 +22,21 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 		return errors.New("STRIPE_SECRET_KEY is required by overage work (use sk_test_... with STRIPE_API_BASE pointing at an emulator or stripe-mock to try it out)")
 	}
 	logger := newLogger(e.stderr, cfg.LogLevel)
+	pool, err := openPool(ctx, cfg.DatabaseURL, workMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	w, err := newWorkers(pool, cfg, logger)
+	if err != nil {
+		return err
+	}
+	logger.Info("working", "stripe_api_base", cfg.StripeAPIBase, "report_workers", cfg.ReportWorkers)
+	return w.Run(ctx)
+}
+
+// newWorkers builds the Stripe client and the River workers on pool.
+func newWorkers(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*workers.Workers, error) {
 	sc, err := stripeclient.New(stripeclient.Config{
 		SecretKey: cfg.StripeSecretKey,
 		APIBase:   cfg.StripeAPIBase,
@@ -26,13 +44,8 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 		Logger:    logger,
 	})
 	if err != nil {
-		return fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)
+		return nil, fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)
 	}
-	pool, err := openPool(ctx, cfg.DatabaseURL, workMaxConns)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
 	w, err := workers.New(pool, workers.Config{
 		Logger:            logger,
 		Stripe:            sc,
@@ -46,8 +59,7 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 		JobTimeout:        cfg.ReportJobTimeout,
 	})
 	if err != nil {
-		return fmt.Errorf("workers: %w", err)
+		return nil, fmt.Errorf("workers: %w", err)
 	}
-	logger.Info("working", "stripe_api_base", cfg.StripeAPIBase, "report_workers", cfg.ReportWorkers)
-	return w.Run(ctx)
+	return w, nil
 }

@@ -30,8 +30,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
-	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	"github.com/overage-billing/overage/internal/pgcontainer"
 	"github.com/overage-billing/overage/migrations"
 )
 
@@ -62,14 +62,13 @@ func resolveServer() (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := tcpostgres.Run(ctx, "postgres:15-alpine",
-		tcpostgres.WithDatabase("overage"), tcpostgres.BasicWaitStrategies())
-	if err != nil {
-		return "", fmt.Errorf("DATABASE_URL is unset and testcontainers could not start PostgreSQL (%v)", err)
-	}
 	// The container lives as long as the test process; testcontainers'
 	// reaper removes it afterwards.
-	return c.ConnectionString(ctx, "sslmode=disable")
+	u, _, err := pgcontainer.Start(ctx)
+	if err != nil {
+		return "", fmt.Errorf("DATABASE_URL is unset and %v", err)
+	}
+	return u, nil
 }
 
 // NewDatabase creates a migrated database for t, dropped when t ends, and

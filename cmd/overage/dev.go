@@ -1,0 +1,536 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/term"
+
+	"github.com/overage-billing/overage/client"
+	"github.com/overage-billing/overage/internal/flakyproxy"
+	"github.com/overage-billing/overage/internal/pgcontainer"
+	"github.com/overage-billing/overage/migrations"
+	"github.com/overage-billing/overage/stripeclient/emulator"
+	"github.com/overage-billing/overage/tenants"
+)
+
+const devSynopsis = "overage dev [--events N] [--keep-running] [--database-url URL]"
+
+// cmdDev runs everything in one process for trying it out: a database
+// (DATABASE_URL, else testcontainers), the migrations, the API, the workers
+// and the sweep; without STRIPE_SECRET_KEY, the built-in Stripe emulator
+// and a demo burst of usage through the Go client that shows every event
+// billed exactly once.
+func cmdDev(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "dev", devSynopsis)
+	events := fs.Int("events", 300, "usage events in the demo burst")
+	keep := fs.Bool("keep-running", false, "keep serving after the demo, printing the URL and a curl command")
+	cfg, err := loadConfig(e, fs, args)
+	if err != nil {
+		return err
+	}
+	// Short sweeps so the demo finishes in seconds; the environment wins.
+	if e.getenv("SWEEP_INTERVAL") == "" {
+		cfg.SweepInterval = 2 * time.Second
+	}
+	if e.getenv("SWEEP_GRACE") == "" {
+		cfg.SweepGrace = 3 * time.Second
+	}
+	if e.getenv("REPORT_JOB_TIMEOUT") == "" {
+		cfg.ReportJobTimeout = 10 * time.Second
+	}
+	if e.getenv("LOG_LEVEL") == "" {
+		cfg.LogLevel = slog.LevelError // the terminal shows progress instead
+	}
+	logger := newLogger(e.stderr, cfg.LogLevel)
+	out := e.stdout
+
+	var emu *emulator.Emulator
+	if cfg.StripeSecretKey == "" {
+		// Faults on purpose: the demo shows that lost answers and errors
+		// never bill twice.
+		emu = emulator.New(emulator.Options{Seed: rand.Int64(), Faults: emulator.Faults{
+			LostResponseRate: 0.10, ServerErrorRate: 0.05, RateLimitRate: 0.05, Latency: 2 * time.Millisecond,
+		}})
+		base, err := emu.Start("127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("start the Stripe emulator: %w", err)
+		}
+		defer emu.Close()
+		cfg.StripeSecretKey, cfg.StripeAPIBase = "sk_test_overagedev", base
+		fmt.Fprintf(out, "overage dev: reporting to the built-in Stripe emulator at %s — STRIPE_SECRET_KEY is unset, nothing is sent to Stripe\n", base)
+	} else {
+		fmt.Fprintf(out, "overage dev: reporting to %s with STRIPE_SECRET_KEY\n", cfg.StripeAPIBase)
+	}
+
+	dbURL, stopDB, err := devDatabase(ctx, cfg.DatabaseURL, out)
+	if err != nil {
+		return err
+	}
+	defer stopDB()
+	pool, err := openPool(ctx, dbURL, workMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := migrations.Migrate(ctx, pool, logger); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+
+	srv, err := newServer(pool, cfg, logger)
+	if err != nil && strings.Contains(err.Error(), "address already in use") {
+		fmt.Fprintf(out, "%s is in use; listening on a free port instead\n", cfg.ListenAddr)
+		cfg.ListenAddr = "127.0.0.1:0"
+		srv, err = newServer(pool, cfg, logger)
+	}
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	w, err := newWorkers(pool, cfg, logger)
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	errc := make(chan error, 2)
+	for _, run := range []func(context.Context) error{srv.Run, w.Run} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(runCtx); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer stop()
+	baseURL := "http://" + srv.Addr()
+	fmt.Fprintf(out, "API on %s, workers and the sweep running\n", baseURL)
+
+	var demoKey string
+	if emu != nil && *events > 0 {
+		d := &demo{pool: pool, emu: emu, baseURL: baseURL, out: out, events: *events, tty: isTTY(out)}
+		if err := d.run(runCtx); err != nil {
+			return err
+		}
+		demoKey = d.keys[0]
+	}
+
+	if !*keep {
+		return nil
+	}
+	if demoKey == "" {
+		demoKey = "<a tenant API key from: overage tenant create --name NAME --stripe-customer cus_...>"
+	}
+	fmt.Fprintf(out, "\nServing on %s until Ctrl-C. Try:\n\n  curl -sS %s/v1/usage-events \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Idempotency-Key: my-first-event' -H 'Content-Type: application/json' \\\n    -d '{\"request_id\":\"my-first-event\",\"user_id\":\"u_1\",\"model_id\":\"gpt-4o\",\"input_tokens\":1200,\"output_tokens\":350}'\n\n", baseURL, baseURL, demoKey)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
+
+// devDatabase returns a database URL that answers: DATABASE_URL (creating
+// its database when the server answers but the database is missing), else
+// a PostgreSQL started by testcontainers-go, else an error saying how to
+// provide one.
+func devDatabase(ctx context.Context, dbURL string, out io.Writer) (string, func(), error) {
+	noop := func() {}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, dbURL)
+	if err == nil {
+		_ = conn.Close(ctx)
+		fmt.Fprintf(out, "database: %s\n", redactURL(dbURL))
+		return dbURL, noop, nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "3D000" { // invalid_catalog_name: the server answers, the database is missing
+		if err := createDatabase(ctx, dbURL); err != nil {
+			return "", noop, err
+		}
+		fmt.Fprintf(out, "database: created %s\n", redactURL(dbURL))
+		return dbURL, noop, nil
+	}
+	connectErr := err
+	fmt.Fprintf(out, "database: %s does not answer (%v); trying Docker\n", redactURL(dbURL), shortErr(connectErr))
+	tctx, tcancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer tcancel()
+	u, terminate, err := pgcontainer.Start(tctx)
+	if err != nil {
+		return "", noop, fmt.Errorf("no PostgreSQL: DATABASE_URL (%s) does not answer (%v) and Docker is not available (%v); start PostgreSQL and set DATABASE_URL=postgres://USER@HOST:5432/overage?sslmode=disable, or start Docker",
+			redactURL(dbURL), shortErr(connectErr), shortErr(err))
+	}
+	fmt.Fprintf(out, "database: a throwaway PostgreSQL in Docker (%s), removed on exit\n", pgcontainer.Image)
+	return u, func() { _ = terminate(context.Background()) }, nil
+}
+
+func createDatabase(ctx context.Context, dbURL string) error {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", redactParseError(err))
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	u.Path = "/postgres"
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		return fmt.Errorf("connect to create database %q: %w", name, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile
+			return nil
+		}
+		return fmt.Errorf("create database %q: %w", name, err)
+	}
+	return nil
+}
+
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "DATABASE_URL"
+	}
+	return u.Redacted()
+}
+
+func shortErr(err error) string {
+	s := err.Error()
+	if len(s) > 160 {
+		s = s[:160] + "…"
+	}
+	return s
+}
+
+func isTTY(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// demo sends a burst of usage from two tenants through the Go client, over
+// a proxy that loses some answers after the server committed, retries and
+// duplicates some requests on purpose, waits for the workers to bill it,
+// and shows that the emulator and the database agree.
+type demo struct {
+	pool    *pgxpool.Pool
+	emu     *emulator.Emulator
+	baseURL string
+	out     io.Writer
+	events  int
+	tty     bool
+
+	tenantIDs []string
+	customers []string
+	keys      []string
+
+	proxy *flakyproxy.Proxy
+
+	sent, accepted, replays, duplicates atomic.Int64
+}
+
+func (d *demo) run(ctx context.Context) error {
+	store := tenants.NewStore(d.pool)
+	run := fmt.Sprintf("%04x", rand.IntN(1<<16))
+	for _, t := range []tenants.CreateParams{
+		{Name: "Acme (demo " + run + ")", StripeCustomerID: "cus_demo_acme_" + run},
+		{Name: "Globex (demo " + run + ")", StripeCustomerID: "cus_demo_globex_" + run, IncludedInputTokens: 100_000, IncludedOutputTokens: 20_000},
+	} {
+		c, err := store.Create(ctx, t)
+		if err != nil {
+			return fmt.Errorf("create demo tenant: %w", err)
+		}
+		d.tenantIDs = append(d.tenantIDs, c.ID.String())
+		d.customers = append(d.customers, c.StripeCustomerID)
+		d.keys = append(d.keys, c.APIKey)
+		allowance := "no allowance: all usage is overage"
+		if t.IncludedInputTokens > 0 {
+			allowance = fmt.Sprintf("%d input and %d output tokens included", t.IncludedInputTokens, t.IncludedOutputTokens)
+		}
+		fmt.Fprintf(d.out, "tenant %-21s %-22s API key %s  (%s)\n", t.Name, c.StripeCustomerID, c.APIKey, allowance)
+	}
+
+	// One answer in ten is lost after the server committed it.
+	proxy, err := flakyproxy.New(d.baseURL, func() flakyproxy.Fault {
+		if rand.IntN(10) == 0 {
+			return flakyproxy.DropAfterCommit
+		}
+		return flakyproxy.None
+	})
+	if err != nil {
+		return err
+	}
+	d.proxy = proxy
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	psrv := &http.Server{Handler: proxy}
+	go func() { _ = psrv.Serve(ln) }()
+	defer psrv.Close()
+
+	fmt.Fprintf(d.out, "sending %d usage events through the Go client; the network loses 1 answer in 10, the Stripe emulator loses 10%% of its answers and fails 10%% of calls\n", d.events)
+	progressDone := make(chan struct{})
+	stopProgress := d.progress(ctx, progressDone)
+	err = d.send(ctx, "http://"+ln.Addr().String())
+	if err == nil {
+		err = d.waitBilled(ctx)
+	}
+	stopProgress()
+	<-progressDone
+	if err != nil {
+		return err
+	}
+	return d.report(ctx)
+}
+
+func (d *demo) send(ctx context.Context, url string) error {
+	clients := make([]*client.Client, len(d.keys))
+	for i, k := range d.keys {
+		c, err := client.New(client.Config{BaseURL: url, APIKey: k, BaseDelay: 20 * time.Millisecond, MaxDelay: time.Second})
+		if err != nil {
+			return err
+		}
+		clients[i] = c
+	}
+	work := make(chan int)
+	errc := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				c := clients[i%len(clients)]
+				ev := client.UsageEvent{
+					RequestID: fmt.Sprintf("demo-%d", i), UserID: fmt.Sprintf("user-%d", i%17), ModelID: []string{"gpt-4o", "claude-sonnet", "llama-70b"}[i%3],
+					InputTokens: int64(800 + (i*7919)%2400), OutputTokens: int64(150 + (i*104729)%600),
+					// Fixed once: a resend of the same operation is the same body.
+					Timestamp: time.Now().UTC().Truncate(time.Microsecond),
+				}
+				// Every tenth event is sent twice under its key (an app
+				// server retrying after a timeout): the second is a replay.
+				// Every fifteenth is sent again under a new key (a buggy
+				// retry): its request_id makes it a duplicate.
+				sends := []string{ev.RequestID}
+				if i%10 == 0 {
+					sends = append(sends, ev.RequestID)
+				}
+				if i%15 == 0 {
+					sends = append(sends, ev.RequestID+"-again")
+				}
+				for n, key := range sends {
+					d.sent.Add(1)
+					res, err := c.Record(ctx, ev, &client.RecordOpts{IdempotencyKey: key})
+					if err != nil {
+						errc <- fmt.Errorf("demo event %d: %w", i, err)
+						return
+					}
+					switch {
+					case n == 0:
+						d.accepted.Add(1)
+					case res.Duplicate:
+						d.duplicates.Add(1)
+					case res.Replayed:
+						d.replays.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	for i := range d.events {
+		select {
+		case work <- i:
+		case err := <-errc:
+			close(work)
+			wg.Wait()
+			return err
+		}
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// counts returns the demo tenants' logs by billing status.
+func (d *demo) counts(ctx context.Context) (map[string]int, error) {
+	rows, err := d.pool.Query(ctx, `SELECT billing_status, count(*) FROM usage_logs WHERE tenant_id = ANY($1::uuid[]) GROUP BY 1`, d.tenantIDs)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, err
+		}
+		out[s] = n
+	}
+	return out, rows.Err()
+}
+
+// progress redraws one status line in place on a terminal, and prints a
+// plain line every two seconds otherwise.
+func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
+	pctx, cancel := context.WithCancel(ctx)
+	every := 2 * time.Second
+	if d.tty {
+		every = 200 * time.Millisecond
+	}
+	line := func() string {
+		c, _ := d.counts(ctx)
+		return fmt.Sprintf("sent %d  accepted %d  billed %d  not billable %d  pending %d",
+			d.sent.Load(), d.accepted.Load(), c["billed"], c["not_billable"], c["pending"])
+	}
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				if d.tty {
+					fmt.Fprintf(d.out, "\r\033[K%s\n", line())
+				} else {
+					fmt.Fprintln(d.out, line())
+				}
+				return
+			case <-t.C:
+				if d.tty {
+					fmt.Fprintf(d.out, "\r\033[K%s", line())
+				} else {
+					fmt.Fprintln(d.out, line())
+				}
+			}
+		}
+	}()
+	return cancel
+}
+
+func (d *demo) waitBilled(ctx context.Context) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		c, err := d.counts(ctx)
+		if err != nil {
+			return err
+		}
+		if c["pending"] == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d demo usage logs still pending after 3 minutes", c["pending"])
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// report prints the finance view of the demo tenants and checks it against
+// what the emulator applied; any disagreement is an error.
+func (d *demo) report(ctx context.Context) error {
+	c, err := d.counts(ctx)
+	if err != nil {
+		return err
+	}
+	lost := 0
+	for _, s := range d.proxy.Seen() {
+		if s.Fault == flakyproxy.DropAfterCommit {
+			lost++
+		}
+	}
+	fmt.Fprintf(d.out, "\n%d events: %d sends, %d answers lost after the server committed (each retried with its key), %d resends replayed, %d duplicate request_ids: %d usage logs\n",
+		d.accepted.Load(), d.sent.Load(), lost, d.replays.Load(), d.duplicates.Load(), c["billed"]+c["not_billable"]+c["pending"]+c["failed"]+c["needs_review"])
+
+	rows, err := d.pool.Query(ctx, `SELECT t.stripe_customer_id, count(*),
+			count(*) FILTER (WHERE u.billing_status = 'billed'), count(*) FILTER (WHERE u.billing_status = 'not_billable'),
+			count(*) FILTER (WHERE u.billing_status NOT IN ('billed', 'not_billable')),
+			coalesce(sum(u.overage_input_tokens) FILTER (WHERE u.billing_status = 'billed'), 0),
+			coalesce(sum(u.overage_output_tokens) FILTER (WHERE u.billing_status = 'billed'), 0)
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.tenant_id = ANY($1::uuid[])
+		GROUP BY 1 ORDER BY 1`, d.tenantIDs)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		customer                            string
+		logs, billed, notBillable, unbilled int
+		in, out                             int64
+	}
+	var all []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.customer, &r.logs, &r.billed, &r.notBillable, &r.unbilled, &r.in, &r.out); err != nil {
+			return err
+		}
+		all = append(all, r)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	applied := d.emu.Applied()
+	ok := true
+	fmt.Fprintf(d.out, "\n%-26s %6s %7s %13s %9s %-18s %14s %14s %6s\n", "customer", "logs", "billed", "not_billable", "unbilled", "meter", "billed (db)", "stripe (emu)", "agree")
+	for _, r := range all {
+		for _, m := range []struct {
+			name string
+			db   int64
+		}{{"llm_input_tokens", r.in}, {"llm_output_tokens", r.out}} {
+			got := applied[emulator.AppliedKey{Customer: r.customer, EventName: m.name}]
+			agree := got == m.db && r.unbilled == 0
+			ok = ok && agree
+			fmt.Fprintf(d.out, "%-26s %6d %7d %13d %9d %-18s %14d %14d %6s\n", r.customer, r.logs, r.billed, r.notBillable, r.unbilled, m.name, m.db, got, yesNo(agree))
+		}
+	}
+	twice := 0
+	for _, e := range d.emu.Events() {
+		if d.emu.AppliedCount(e.Identifier) != 1 {
+			twice++
+		}
+	}
+	outcomes := map[string]int{}
+	for _, r := range d.emu.Requests() {
+		outcomes[r.Outcome]++
+	}
+	fmt.Fprintf(d.out, "\nStripe emulator: %d meter events applied from %d calls (%d answers lost, %d 5xx, %d 429, %d replays of a saved answer)\n",
+		len(d.emu.Events()), len(d.emu.Requests()), outcomes[emulator.OutcomeLostResponse], outcomes[emulator.OutcomeFaultServerError],
+		outcomes[emulator.OutcomeFaultRateLimit]+outcomes[emulator.OutcomeConcurrentRateLimit], outcomes[emulator.OutcomeReplayed])
+	if !ok || twice > 0 {
+		return fmt.Errorf("the emulator and the database disagree (%d identifiers applied more than once)", twice)
+	}
+	fmt.Fprintf(d.out, "every demo event billed exactly once: the emulator's totals equal the database's\n")
+	return nil
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}
