@@ -17,6 +17,7 @@ const (
 	EUNAUTHORIZED ErrorCode = "unauthorized" // no valid credential
 	EFORBIDDEN    ErrorCode = "forbidden"    // valid credential, not allowed
 	ENOTFOUND     ErrorCode = "not_found"    // nothing the caller may see
+	EMETHOD       ErrorCode = "method"       // the path does not serve this method
 	ECONFLICT     ErrorCode = "conflict"     // the request collides with another
 	ETOOLARGE     ErrorCode = "too_large"    // body over the limit
 	EUNAVAILABLE  ErrorCode = "unavailable"  // a dependency is down; retry later

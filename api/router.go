@@ -32,6 +32,11 @@ type Config struct {
 	DB       Pinger
 	Logger   *slog.Logger
 	Handlers []Mounter
+	// Metrics, when set, is served at /metrics.
+	Metrics http.Handler
+	// RiverUI, when set, is mounted at /riverui behind AdminToken.
+	RiverUI    http.Handler
+	AdminToken string
 }
 
 // NewRouter returns the API's handler.
@@ -61,14 +66,18 @@ func NewRouter(cfg Config) http.Handler {
 	for _, h := range cfg.Handlers {
 		h.Routes(r)
 	}
+	if cfg.Metrics != nil {
+		r.Method(http.MethodGet, "/metrics", cfg.Metrics)
+	}
+	if cfg.RiverUI != nil {
+		// River UI has no authentication of its own.
+		r.With(httpx.AdminOnly(cfg.AdminToken, logger)).Mount("/riverui", cfg.RiverUI)
+	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		httpx.Error(w, r, logger, overage.Errorf(overage.ENOTFOUND, "not-found", "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		e := overage.Errorf(overage.EMALFORMED, "method-not-allowed", "%s is not allowed on %s", r.Method, r.URL.Path)
-		p, _ := httpx.ProblemOf(e)
-		p.Status, p.Title = http.StatusMethodNotAllowed, http.StatusText(http.StatusMethodNotAllowed)
-		httpx.JSON(w, http.StatusMethodNotAllowed, p)
+		httpx.Error(w, r, logger, overage.Errorf(overage.EMETHOD, "method-not-allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
 	})
 	return r
 }

@@ -2,13 +2,11 @@ package ingest
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"io"
 	"log/slog"
 	"mime"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -23,6 +21,12 @@ type Authenticator interface {
 	Authenticate(ctx context.Context, apiKey string) (uuid.UUID, error)
 }
 
+// Observer is told the outcome and duration of every usage event request
+// (metrics.Ingest implements it).
+type Observer interface {
+	ObserveIngest(outcome string, d time.Duration)
+}
+
 // Handler serves the ingest endpoints.
 type Handler struct {
 	svc        *Service
@@ -30,6 +34,7 @@ type Handler struct {
 	adminToken string
 	logger     *slog.Logger
 	now        func() time.Time
+	observer   Observer
 }
 
 // HandlerConfig wires a Handler.
@@ -41,11 +46,13 @@ type HandlerConfig struct {
 	Logger     *slog.Logger
 	// Now is the clock for validating timestamps; time.Now when nil.
 	Now func() time.Time
+	// Observer, optional, records outcomes and latencies.
+	Observer Observer
 }
 
 // NewHandler returns the ingest endpoints.
 func NewHandler(cfg HandlerConfig) *Handler {
-	h := &Handler{svc: cfg.Service, auth: cfg.Auth, adminToken: cfg.AdminToken, logger: cfg.Logger, now: cfg.Now}
+	h := &Handler{svc: cfg.Service, auth: cfg.Auth, adminToken: cfg.AdminToken, logger: cfg.Logger, now: cfg.Now, observer: cfg.Observer}
 	if h.logger == nil {
 		h.logger = slog.New(slog.DiscardHandler)
 	}
@@ -62,7 +69,11 @@ func (h *Handler) Routes(r chi.Router) {
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	out, err := h.record(r)
+	if h.observer != nil {
+		defer func() { h.observer.ObserveIngest(outcomeOf(out, err), time.Since(start)) }()
+	}
 	if err != nil {
 		h.logger.DebugContext(r.Context(), "usage event refused", "type", overage.AsError(err).Type)
 		httpx.Error(w, r, h.logger, err)
@@ -115,7 +126,7 @@ func (h *Handler) record(r *http.Request) (*Outcome, error) {
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 	var tenantID *uuid.UUID
-	if !h.isAdmin(r) {
+	if !httpx.IsAdmin(r, h.adminToken) {
 		id, err := h.tenant(r)
 		if err != nil {
 			httpx.Error(w, r, h.logger, err)
@@ -138,7 +149,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 
 // tenant authenticates the tenant API key of a request.
 func (h *Handler) tenant(r *http.Request) (uuid.UUID, error) {
-	key, ok := bearer(r)
+	key, ok := httpx.Bearer(r)
 	if !ok {
 		return uuid.Nil, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "send the tenant API key as Authorization: Bearer <key>")
 	}
@@ -149,15 +160,23 @@ func (h *Handler) tenant(r *http.Request) (uuid.UUID, error) {
 	return id, nil
 }
 
-func (h *Handler) isAdmin(r *http.Request) bool {
-	tok, ok := bearer(r)
-	return ok && h.adminToken != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(h.adminToken)) == 1
-}
-
-func bearer(r *http.Request) (string, bool) {
-	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
-		return "", false
+// outcomeOf names a request's outcome for metrics.
+func outcomeOf(out *Outcome, err error) string {
+	if err == nil {
+		return out.Kind
 	}
-	return strings.TrimSpace(tok), true
+	e := overage.AsError(err)
+	switch {
+	case e.Type == "idempotency-key-reused":
+		return "key_reuse"
+	case e.Type == "idempotency-key-in-progress":
+		return "in_progress"
+	case e.Code == overage.EUNAUTHORIZED || e.Code == overage.EFORBIDDEN:
+		return "unauthorized"
+	case e.Code == overage.EMALFORMED || e.Code == overage.EINVALID || e.Code == overage.ETOOLARGE:
+		return "invalid"
+	case e.Code == overage.EUNAVAILABLE:
+		return "unavailable"
+	}
+	return "error"
 }

@@ -25,6 +25,12 @@ import (
 // advertised in the README and api/openapi.yaml.
 const KeyTTL = 24 * time.Hour
 
+// lockTimeout bounds how long one ingest transaction — and so the claim on
+// its Idempotency-Key — may live.
+const lockTimeout = 10 * time.Second
+
+const lockTimeoutSQL = `SET LOCAL idle_in_transaction_session_timeout = '10s'`
+
 // retryAfterInProgress is the Retry-After of a 409 in progress: an ingest
 // transaction takes milliseconds, so one second is ample.
 const retryAfterInProgress = time.Second
@@ -89,6 +95,10 @@ func (s *Service) Record(ctx context.Context, p RecordParams) (*Outcome, error) 
 }
 
 func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, error) {
+	// The key stays "in progress" exactly as long as this transaction: bound
+	// it here, and in the server too should this process stall.
+	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
+	defer cancel()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin ingest transaction: %w", err)
@@ -98,6 +108,7 @@ func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, err
 	// One round trip: the lock, then (in a fresh snapshot, taken after the
 	// lock) the committed record and any earlier log with this request_id.
 	b := &pgx.Batch{}
+	b.Queue(lockTimeoutSQL)
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(p.TenantID, p.Key))
 	b.Queue(`SELECT fingerprint, response_status, response_body, expires_at <= now()
 		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, p.Key)
@@ -105,6 +116,10 @@ func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, err
 		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = $2`, p.TenantID, *p.Event.RequestID)
 	}
 	br := tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, fmt.Errorf("bound the ingest transaction: %w", err)
+	}
 	var locked bool
 	if err := br.QueryRow().Scan(&locked); err != nil {
 		_ = br.Close()

@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -92,8 +93,23 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (*Res
 		return nil, fmt.Errorf("acquire connection for migrations: %w", err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", lockID); err != nil {
-		return nil, fmt.Errorf("take migration lock: %w", err)
+	// Poll with pg_try_advisory_lock instead of waiting in pg_advisory_lock:
+	// a session blocked inside a statement holds a snapshot, and CREATE INDEX
+	// CONCURRENTLY in the migrator that holds the lock would wait for that
+	// snapshot forever — a deadlock PostgreSQL cannot see.
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", lockID).Scan(&got); err != nil {
+			return nil, fmt.Errorf("take migration lock: %w", err)
+		}
+		if got {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for another migrator: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	defer func() {
 		// A fresh context: the lock must be released even if ctx is done.

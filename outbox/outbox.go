@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 )
 
 // Queues. Reports get their own queue so a backlog of maintenance work
@@ -30,14 +31,19 @@ type ReportArgs struct {
 // Kind implements river.JobArgs.
 func (ReportArgs) Kind() string { return "overage.report_usage" }
 
-// InsertOpts makes a report job unique by its usage log while it is live,
-// so the sweep and ingest never queue the same log twice at once. River's
-// uniqueness is not the record of what was billed (finished jobs are
-// deleted after a day); the usage log's billing_status is.
+// InsertOpts makes a report job unique by its usage log while it is live
+// (not while it is completed, cancelled or discarded), so the sweep and
+// ingest never queue the same log twice at once, yet a log that is pending
+// again — a discarded job, an operator's resend — can be queued at once.
+// River's uniqueness is not the record of what was billed; the usage log's
+// billing_status is.
 func (ReportArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{
-		Queue:      QueueReport,
-		UniqueOpts: river.UniqueOpts{ByArgs: true},
+		Queue: QueueReport,
+		UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{
+			rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable,
+			rivertype.JobStateRunning, rivertype.JobStateScheduled,
+		}},
 	}
 }
 

@@ -238,6 +238,38 @@ func TestChaos(t *testing.T) {
 	if got := emu.Applied(); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("Stripe applied %v\nPostgreSQL billed %v", got, want)
 	}
+	// The finance view agrees with the rows.
+	out, _, err := runCmd(t, map[string]string{"DATABASE_URL": dbURL}, "status", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status struct {
+		Totals struct {
+			UsageLogs          int   `json:"usage_logs"`
+			Billed             int   `json:"billed"`
+			NotBillable        int   `json:"not_billable"`
+			Pending            int   `json:"pending"`
+			BilledInputTokens  int64 `json:"billed_input_tokens"`
+			BilledOutputTokens int64 `json:"billed_output_tokens"`
+		} `json:"totals"`
+	}
+	if err := json.Unmarshal([]byte(out), &status); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	var billedIn, billedOut int64
+	for k, v := range want {
+		if k.EventName == "llm_input_tokens" {
+			billedIn += v
+		} else {
+			billedOut += v
+		}
+	}
+	tot := status.Totals
+	if tot.UsageLogs != events || tot.Billed != count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'") ||
+		tot.NotBillable != events-billable || tot.Pending != 0 || tot.BilledInputTokens != billedIn || tot.BilledOutputTokens != billedOut {
+		t.Fatalf("overage status disagrees with the rows: %+v (billed tokens %d/%d)", tot, billedIn, billedOut)
+	}
+
 	outcomes := map[string]int{}
 	for _, r := range emu.Requests() {
 		outcomes[r.Outcome]++

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/term"
 
 	"github.com/overage-billing/overage/client"
@@ -102,7 +103,7 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer srv.Close()
-	w, err := newWorkers(pool, cfg, logger)
+	w, err := newWorkers(pool, cfg, logger, prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,9 @@ Usage:
   overage work                    run the River workers and the periodic sweep
   overage tenant create ...       create a tenant and print its API key once
   overage dev                     everything in one process, with a demo (see README)
+  overage status [--tenant ID]    billed status per tenant and in total (--json for the API's object)
+  overage reconcile ...           compare what the database billed with what Stripe holds
+  overage review list|resolve     logs that must not be resent automatically, and an operator's decision
 
 Configuration comes from the environment (see README.md); flags override it.
 Run "overage <command> --help" for a command's flags.
@@ -72,6 +75,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return cmdTenant(ctx, e, args[1:])
 	case "dev":
 		return cmdDev(ctx, e, args[1:])
+	case "reconcile":
+		return cmdReconcile(ctx, e, args[1:])
+	case "review":
+		return cmdReview(ctx, e, args[1:])
+	case "status":
+		return cmdStatus(ctx, e, args[1:])
 	default:
 		fmt.Fprint(stderr, usage)
 		return fmt.Errorf("unknown command %q", args[0])

@@ -6,9 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -92,7 +92,9 @@ func TestHelpAndUnknownCommand(t *testing.T) {
 func TestServeEndToEnd(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabase(t)
-	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0"}
+	const adminToken = "admin-secret-e2e-token"
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": adminToken,
+		"STRIPE_SECRET_KEY": "sk_test_e2esecretkey", "STRIPE_WEBHOOK_SECRET": "whsec_e2esecret", "LOG_LEVEL": "debug"}
 	if out, _, err := runCmd(t, env, "migrate"); err != nil || !strings.Contains(out, "0 overage") {
 		t.Fatalf("migrate on a migrated database: %q %v", out, err)
 	}
@@ -111,8 +113,8 @@ func TestServeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
-	srv, err := NewServer(context.Background(), cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
+	var logs syncBuffer
+	srv, err := NewServer(context.Background(), cfg, newLogger(&logs, cfg.LogLevel))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,14 +147,87 @@ func TestServeEndToEnd(t *testing.T) {
 	if s1 != http.StatusAccepted || s2 != http.StatusAccepted || b1 != b2 || h2.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("first %d %s; second %d %s", s1, b1, s2, b2)
 	}
-	for _, path := range []string{"/healthz", "/readyz"} {
-		res, err := http.Get("http://" + srv.Addr() + path)
-		if err != nil || res.StatusCode != http.StatusOK {
-			t.Fatalf("%s: %v %v", path, res.StatusCode, err)
+	get := func(path, token string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+srv.Addr()+path, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		res.Body.Close()
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
 	}
-	if strings.Contains(logs.String(), tenant.APIKey) {
-		t.Fatal("the API key reached the log")
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if status, _ := get(path, ""); status != http.StatusOK {
+			t.Fatalf("%s: %d", path, status)
+		}
 	}
+
+	// Metrics moved with the two requests: one new event, one replay, and
+	// the new log is pending.
+	status, body := get("/metrics", "")
+	for _, want := range []string{`overage_ingest_requests_total{outcome="new"} 1`, `overage_ingest_requests_total{outcome="replay"} 1`,
+		`overage_ingest_duration_seconds_count{outcome="new"} 1`, "overage_pending_usage_logs 1", "overage_backlog_scrape_ok 1"} {
+		if status != http.StatusOK || !strings.Contains(body, want) {
+			t.Fatalf("/metrics (%d) lacks %q", status, want)
+		}
+	}
+
+	// River UI is an operator tool: the admin token or nothing.
+	if status, _ := get("/riverui/", ""); status != http.StatusUnauthorized {
+		t.Fatalf("/riverui without the admin token: %d, want 401", status)
+	}
+	if status, _ := get("/riverui/", tenant.APIKey); status != http.StatusUnauthorized {
+		t.Fatalf("/riverui with a tenant key: %d, want 401", status)
+	}
+	if status, _ := get("/riverui/api/jobs?state=available", adminToken); status != http.StatusOK {
+		t.Fatalf("/riverui with the admin token: %d, want 200", status)
+	}
+	if status, _ := get("/v1/usage-events/"+mustID(t, b1), adminToken); status != http.StatusOK {
+		t.Fatalf("admin read of a usage log: %d", status)
+	}
+
+	// Secrets never reach a log line, even at debug level.
+	logged := logs.String()
+	if !strings.Contains(logged, "http request") {
+		t.Fatal("no request was logged: the check below would prove nothing")
+	}
+	for name, secret := range map[string]string{"API key": tenant.APIKey, "admin token": adminToken,
+		"Stripe key": env["STRIPE_SECRET_KEY"], "webhook secret": env["STRIPE_WEBHOOK_SECRET"]} {
+		if strings.Contains(logged, secret) {
+			t.Fatalf("the %s reached the log", name)
+		}
+	}
+}
+
+func mustID(t *testing.T, body string) string {
+	t.Helper()
+	var v struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(body), &v); err != nil || v.ID == "" {
+		t.Fatalf("no id in %s", body)
+	}
+	return v.ID
+}
+
+// syncBuffer is a bytes.Buffer safe for the server's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -14,8 +14,15 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"riverqueue.com/riverui"
+
 	"github.com/overage-billing/overage/api"
+	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/metrics"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
 )
@@ -50,6 +57,7 @@ func cmdServe(ctx context.Context, e env, args []string) error {
 type Server struct {
 	pool     *pgxpool.Pool
 	ownsPool bool
+	riverUI  *riverui.Handler
 	ln       net.Listener
 	http     *http.Server
 	logger   *slog.Logger
@@ -82,6 +90,14 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 	if err != nil {
 		return nil, fmt.Errorf("LISTEN_ADDR=%s: %w", cfg.ListenAddr, err)
 	}
+	reg := newRegistry(pool, logger)
+	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
+		Endpoints: riverui.NewEndpoints(rc, nil), Logger: logger, Prefix: "/riverui",
+	})
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("river ui: %w", err)
+	}
 	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts))
 	handler := api.NewRouter(api.Config{
 		DB:     pool,
@@ -89,11 +105,16 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 		Handlers: []api.Mounter{
 			ingest.NewHandler(ingest.HandlerConfig{
 				Service: svc, Auth: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
+				Observer: metrics.NewIngest(reg),
 			}),
+			finance.NewHandler(finance.HandlerConfig{DB: pool, AdminToken: cfg.AdminToken, Logger: logger}),
 		},
+		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		RiverUI:    ui,
+		AdminToken: cfg.AdminToken,
 	})
 	return &Server{
-		pool: pool, ln: ln, logger: logger,
+		pool: pool, ln: ln, logger: logger, riverUI: ui,
 		http: &http.Server{
 			Handler:           handler,
 			ReadHeaderTimeout: 10 * time.Second,
@@ -112,6 +133,9 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // Run serves until ctx is done, then stops taking requests and lets the
 // in-flight ones finish.
 func (s *Server) Run(ctx context.Context) error {
+	if err := s.riverUI.Start(ctx); err != nil {
+		return fmt.Errorf("start river ui: %w", err)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(s.ln) }()
 	select {
@@ -136,4 +160,13 @@ func (s *Server) Close() {
 	if s.ownsPool {
 		s.pool.Close()
 	}
+}
+
+// newRegistry returns a Prometheus registry with the process metrics and
+// the billing backlog read from pool at scrape time.
+func newRegistry(pool *pgxpool.Pool, logger *slog.Logger) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics.RegisterBacklog(reg, func(ctx context.Context) (metrics.Backlog, error) { return metrics.ReadBacklog(ctx, pool) }, logger)
+	return reg
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage/api"
+	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/outbox"
@@ -48,6 +49,7 @@ func StartOn(t testing.TB, pool *pgxpool.Pool, dbURL string) *Server {
 	svc := ingest.NewService(pool, outbox.NewInserter(rc, 5))
 	h := api.NewRouter(api.Config{DB: pool, Handlers: []api.Mounter{
 		ingest.NewHandler(ingest.HandlerConfig{Service: svc, Auth: tenants.NewStore(pool), AdminToken: AdminToken}),
+		finance.NewHandler(finance.HandlerConfig{DB: pool, AdminToken: AdminToken}),
 	}})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

@@ -3,10 +3,12 @@
 package httpx
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/overage-billing/overage"
 )
@@ -23,6 +25,7 @@ var statuses = map[overage.ErrorCode]int{
 	overage.EUNAUTHORIZED: http.StatusUnauthorized,
 	overage.EFORBIDDEN:    http.StatusForbidden,
 	overage.ENOTFOUND:     http.StatusNotFound,
+	overage.EMETHOD:       http.StatusMethodNotAllowed,
 	overage.ECONFLICT:     http.StatusConflict,
 	overage.ETOOLARGE:     http.StatusRequestEntityTooLarge,
 	overage.EUNAVAILABLE:  http.StatusServiceUnavailable,
@@ -73,6 +76,9 @@ func Error(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err erro
 	if e.Code == overage.EINTERNAL || e.Code == overage.EUNAVAILABLE {
 		logger.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "status", p.Status, "err", err)
 	}
+	if e.Code == overage.EUNAUTHORIZED && w.Header().Get("WWW-Authenticate") == "" {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="overage"`)
+	}
 	if e.RetryAfter > 0 {
 		secs := int(e.RetryAfter.Seconds())
 		if secs < 1 {
@@ -101,4 +107,37 @@ func Write(w http.ResponseWriter, contentType string, status int, body []byte) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// Bearer returns the bearer token of a request.
+func Bearer(r *http.Request) (string, bool) {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
+		return "", false
+	}
+	return strings.TrimSpace(tok), true
+}
+
+// IsAdmin reports whether r carries adminToken as its bearer token,
+// compared in constant time. An empty adminToken admits no one.
+func IsAdmin(r *http.Request, adminToken string) bool {
+	tok, ok := Bearer(r)
+	return ok && adminToken != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(adminToken)) == 1
+}
+
+// AdminOnly refuses, with 401, every request without the admin token.
+func AdminOnly(adminToken string, logger *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !IsAdmin(r, adminToken) {
+				msg := "send the ADMIN_TOKEN as Authorization: Bearer <token>"
+				if adminToken == "" {
+					msg = "ADMIN_TOKEN is not configured: operator endpoints are disabled"
+				}
+				Error(w, r, logger, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "%s", msg))
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/user"
+
+	"github.com/google/uuid"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/review"
+)
+
+const (
+	reviewListSynopsis    = "overage review list [--tenant ID] [--json]"
+	reviewResolveSynopsis = "overage review resolve ID --as billed|resend|void --reason TEXT [--by NAME] [--force]"
+)
+
+// cmdReview lists the logs that must not be resent automatically and
+// records an operator's decision on one.
+func cmdReview(ctx context.Context, e env, args []string) error {
+	if len(args) == 0 || (args[0] != "list" && args[0] != "resolve") {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			fmt.Fprintf(e.stdout, "Usage:\n  %s\n  %s\n", reviewListSynopsis, reviewResolveSynopsis)
+			return nil
+		}
+		return fmt.Errorf("usage: %s | %s", reviewListSynopsis, reviewResolveSynopsis)
+	}
+	if args[0] == "list" {
+		return cmdReviewList(ctx, e, args[1:])
+	}
+	return cmdReviewResolve(ctx, e, args[1:])
+}
+
+func cmdReviewList(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "review list", reviewListSynopsis)
+	tenant := fs.String("tenant", "", "only this tenant's logs")
+	asJSON := fs.Bool("json", false, "print JSON")
+	cfg, err := loadConfig(e, fs, args)
+	if err != nil {
+		return err
+	}
+	tenantID, err := optionalUUID("--tenant", *tenant)
+	if err != nil {
+		return err
+	}
+	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	items, err := review.List(ctx, pool, tenantID)
+	if err != nil {
+		return fmt.Errorf("review list: %w", err)
+	}
+	if *asJSON {
+		return json.NewEncoder(e.stdout).Encode(items)
+	}
+	return review.WriteTable(e.stdout, items)
+}
+
+func cmdReviewResolve(ctx context.Context, e env, args []string) error {
+	// The id comes first; flags follow it.
+	if len(args) == 0 || len(args[0]) == 0 || args[0][0] == '-' {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			fmt.Fprintf(e.stdout, "Usage: %s\n", reviewResolveSynopsis)
+			return nil
+		}
+		return fmt.Errorf("usage: %s", reviewResolveSynopsis)
+	}
+	id, err := uuid.Parse(args[0])
+	if err != nil {
+		return fmt.Errorf("%q is not a usage log id", args[0])
+	}
+	fs := newFlags(e, "review resolve", reviewResolveSynopsis)
+	as := fs.String("as", "", "billed (Stripe has it), resend (send it again with the same keys) or void (never bill it)")
+	reason := fs.String("reason", "", "why, for the audit trail (required)")
+	by := fs.String("by", currentUser(), "who decides, for the audit trail")
+	force := fs.Bool("force", false, "resend even while Stripe may still hold the old keys")
+	asJSON := fs.Bool("json", false, "print JSON")
+	cfg, err := loadConfig(e, fs, args[1:])
+	if err != nil {
+		return err
+	}
+	p := review.ResolveParams{UsageLogID: id, Action: review.Action(*as), Reason: *reason, Actor: *by, Force: *force,
+		IdempotencyWindow: cfg.StripeIdempotencyWindow}
+	if err := p.Validate(); err != nil {
+		return describeError(err)
+	}
+	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return fmt.Errorf("river client: %w", err)
+	}
+	res, err := review.NewResolver(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts)).Resolve(ctx, p)
+	if err != nil {
+		return fmt.Errorf("review resolve: %w", describeError(err))
+	}
+	if *asJSON {
+		return json.NewEncoder(e.stdout).Encode(res)
+	}
+	fmt.Fprintln(e.stdout, res.String())
+	return nil
+}
+
+func optionalUUID(flag, v string) (*uuid.UUID, error) {
+	if v == "" {
+		return nil, nil
+	}
+	id, err := uuid.Parse(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s %q: not an id", flag, v)
+	}
+	return &id, nil
+}
+
+func currentUser() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return ""
+}
+

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/overage-billing/overage/finance"
+)
+
+const statusSynopsis = "overage status [--tenant ID] [--json]"
+
+// cmdStatus prints the finance view: billed status per tenant and in total,
+// then the logs an operator must decide on.
+func cmdStatus(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "status", statusSynopsis)
+	tenant := fs.String("tenant", "", "only this tenant")
+	asJSON := fs.Bool("json", false, "print the JSON object of GET /v1/billing/status")
+	cfg, err := loadConfig(e, fs, args)
+	if err != nil {
+		return err
+	}
+	tenantID, err := optionalUUID("--tenant", *tenant)
+	if err != nil {
+		return err
+	}
+	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rep, err := finance.Status(ctx, pool, tenantID)
+	if err != nil {
+		return fmt.Errorf("status: %w", describeError(err))
+	}
+	if *asJSON {
+		return json.NewEncoder(e.stdout).Encode(rep)
+	}
+	if err := finance.WriteTable(e.stdout, rep); err != nil {
+		return err
+	}
+	// Past Stripe's window nothing is resent automatically: show what waits
+	// for an operator.
+	logs, err := finance.NeedsReview(ctx, pool, tenantID, 20)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	if len(logs) > 0 {
+		fmt.Fprintln(e.stdout)
+		if err := finance.WriteNeedsReview(e.stdout, logs); err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout, `resolve them with "overage review list" and "overage review resolve"`)
+	}
+	return nil
+}

@@ -1,0 +1,453 @@
+package finance_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/finance"
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/migrations"
+)
+
+func TestCountersFollowIngestWorkerAndSweepWrites(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	alice := e.Tenant(t, "alice", 0, 0)
+	bob := e.Tenant(t, "bob", 0, 0)
+	capped := e.Tenant(t, "capped", 1000, 500)
+	idle := e.Tenant(t, "idle", 0, 0)
+
+	var a []uuid.UUID
+	for range 10 {
+		a = append(a, record(t, e.Server, alice, 100, 50))
+	}
+	var b []uuid.UUID
+	for range 6 {
+		b = append(b, record(t, e.Server, bob, 200, 0))
+	}
+	// Within capped's allowance twice (not billable), then across it: 200
+	// input and 100 output tokens of overage.
+	record(t, e.Server, capped, 400, 100)
+	record(t, e.Server, capped, 400, 100)
+	crossing := record(t, e.Server, capped, 400, 400)
+	requireExact(t, e.Pool)
+
+	for _, id := range a[:4] {
+		bill(t, e.Pool, id) // pending -> billed
+	}
+	park(t, e.Pool, a[4])             // pending -> needs_review
+	park(t, e.Pool, a[5])             // pending -> needs_review ...
+	bill(t, e.Pool, a[5])             // ... -> billed (Stripe had it after all)
+	fail(t, e.Pool, a[6])             // pending -> failed
+	park(t, e.Pool, b[0], b[1], b[2]) // the sweep parks several at once
+	bill(t, e.Pool, b[3])
+	fail(t, e.Pool, b[4])
+	bill(t, e.Pool, crossing)
+	// The worker's first-attempt stamp changes no status: no counter moves.
+	exec(t, e.Pool, `UPDATE usage_logs SET first_attempt_at = now(), updated_at = now() WHERE id = $1`, a[7])
+
+	r := requireExact(t, e.Pool)
+	var oldest time.Time
+	if err := e.Pool.QueryRow(ctx, `SELECT created_at FROM usage_logs WHERE id = $1`, a[7]).Scan(&oldest); err != nil {
+		t.Fatal(err)
+	}
+	got := tenantOf(t, r, alice.ID)
+	want := finance.Counters{UsageLogs: 10, Billed: 5, Pending: 3, NeedsReview: 1, Failed: 1,
+		OverageInputTokens: 1000, OverageOutputTokens: 500, BilledInputTokens: 500, BilledOutputTokens: 250, OldestPendingAt: &oldest}
+	if !sameReport(&finance.Report{Totals: got.Counters}, &finance.Report{Totals: want}) {
+		t.Fatalf("alice = %s, want %s", mustJSON(t, got.Counters), mustJSON(t, want))
+	}
+	if c := tenantOf(t, r, capped.ID); c.NotBillable != 2 || c.Billed != 1 || c.BilledInputTokens != 200 || c.BilledOutputTokens != 100 || c.OldestPendingAt != nil {
+		t.Fatalf("capped = %s, want 2 not billable and 200/100 tokens billed, nothing pending", mustJSON(t, c.Counters))
+	}
+	if c := tenantOf(t, r, idle.ID); c.Counters != (finance.Counters{}) || c.Name != "idle" || c.StripeCustomerID != "cus_idle" {
+		t.Fatalf("idle tenant = %s, want zeros", mustJSON(t, c))
+	}
+	if r.Totals.UsageLogs != 19 || r.Totals.NeedsReview != 4 || r.Totals.Failed != 2 || r.Totals.Billed != 7 {
+		t.Fatalf("totals = %s", mustJSON(t, r.Totals))
+	}
+
+	// An operator deleting logs, then emptying the table, keeps them exact.
+	exec(t, e.Pool, `DELETE FROM usage_logs WHERE id = ANY($1)`, []uuid.UUID{a[0], a[4], b[5]})
+	requireExact(t, e.Pool)
+	exec(t, e.Pool, `TRUNCATE usage_logs CASCADE`) // CASCADE: operator review rows reference logs
+	r = requireExact(t, e.Pool)
+	if r.Totals != (finance.Counters{}) || len(r.Tenants) != 4 {
+		t.Fatalf("after TRUNCATE: %s, want four tenants with zeros", mustJSON(t, r))
+	}
+}
+
+// Many report workers change the status of logs of one tenant at once,
+// the sweep parks batches of them and ingest keeps inserting: every one of
+// these transactions upserts the tenant's hot counter rows. They must end
+// exact, and no transaction may deadlock (PostgreSQL would abort one with
+// 40P01 and the test would see it).
+func TestConcurrentStatusChangesOfOneTenantStayExact(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	tenant := e.Tenant(t, "busy", 0, 0)
+	other := e.Tenant(t, "other", 0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	const initial, extra, workers = 240, 60, 24
+	ids := make([]uuid.UUID, initial)
+	var errs []error
+	var mu sync.Mutex
+	report := func(err error) {
+		if err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < initial; i += 8 {
+				var err error
+				ids[i], err = tryRecord(ctx, e.Server, tenant, 10, 5)
+				report(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatal(errs[0])
+	}
+
+	// Each worker transaction holds its counter rows until it commits, as
+	// the real one does while it completes the River job.
+	inTx := func(f func(tx pgx.Tx) error) error {
+		return pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
+			if err := f(tx); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(0.002)`)
+			return err
+		})
+	}
+	step := func(sql string, args ...any) error {
+		return inTx(func(tx pgx.Tx) error { _, err := tx.Exec(ctx, sql, args...); return err })
+	}
+	work := make(chan int)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				id := ids[i]
+				switch i % 6 {
+				case 0, 1, 2:
+					report(step(markBilledSQL, id))
+				case 3:
+					report(step(failSQL, id, "Stripe refused it"))
+				case 4:
+					report(step(beginSQL, []uuid.UUID{id}))
+					report(step(parkSQL, []uuid.UUID{id}))
+					report(step(markBilledSQL, id))
+				}
+			}
+		}()
+	}
+	// The sweep: batches of ten logs parked in one statement each.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for start := 5; start < initial; start += 60 {
+			var batch []uuid.UUID
+			for i := start; i < min(start+60, initial); i += 6 {
+				batch = append(batch, ids[i])
+			}
+			report(step(beginSQL, batch))
+			report(step(parkSQL, batch))
+		}
+	}()
+	// Ingest goes on meanwhile, for this tenant and another.
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range extra / 4 {
+				_, err := tryRecord(ctx, e.Server, tenant, 10, 5)
+				report(err)
+			}
+			_, err := tryRecord(ctx, e.Server, other, int64(w+1), 0)
+			report(err)
+		}()
+	}
+	for i := range initial {
+		if i%6 != 5 {
+			work <- i
+		}
+	}
+	close(work)
+	wg.Wait()
+	for _, err := range errs {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+			t.Fatalf("deadlock: %v", err)
+		}
+		t.Fatal(err)
+	}
+
+	r := requireExact(t, e.Pool)
+	got := tenantOf(t, r, tenant.ID)
+	if got.UsageLogs != initial+extra || got.Billed != initial/6*4 || got.Failed != initial/6 ||
+		got.NeedsReview != initial/6 || got.Pending != extra || got.BilledInputTokens != int64(initial/6*4*10) {
+		t.Fatalf("busy tenant = %s, want %d logs: %d billed, %d failed, %d in review, %d pending",
+			mustJSON(t, got.Counters), initial+extra, initial/6*4, initial/6, initial/6, extra)
+	}
+	if o := tenantOf(t, r, other.ID); o.Pending != 4 || o.OverageInputTokens != 1+2+3+4 {
+		t.Fatalf("other tenant = %s", mustJSON(t, o.Counters))
+	}
+}
+
+func TestStatusOfOneTenantAndUnknownTenant(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	alice := e.Tenant(t, "alice", 0, 0)
+	bob := e.Tenant(t, "bob", 0, 0)
+	bill(t, e.Pool, record(t, e.Server, alice, 7, 3))
+	record(t, e.Server, bob, 11, 0)
+
+	r, err := finance.Status(context.Background(), e.Pool, &bob.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Tenants) != 1 || r.Tenants[0].TenantID != bob.ID {
+		t.Fatalf("filtered report = %s, want bob only", mustJSON(t, r))
+	}
+	if !sameReport(&finance.Report{Totals: r.Totals}, &finance.Report{Totals: r.Tenants[0].Counters}) {
+		t.Fatalf("totals %s differ from the one tenant's counters %s", mustJSON(t, r.Totals), mustJSON(t, r.Tenants[0].Counters))
+	}
+	if r.Totals.Pending != 1 || r.Totals.OverageInputTokens != 11 || r.Totals.Billed != 0 || r.Totals.OldestPendingAt == nil {
+		t.Fatalf("bob = %s", mustJSON(t, r.Totals))
+	}
+
+	unknown := uuid.New()
+	_, err = finance.Status(context.Background(), e.Pool, &unknown)
+	var appErr *overage.Error
+	if !errors.As(err, &appErr) || appErr.Code != overage.ENOTFOUND || appErr.Type != "not-found" {
+		t.Fatalf("unknown tenant: err = %v, want ENOTFOUND not-found", err)
+	}
+}
+
+func TestTenantsSortedByNameThenIDWithZeros(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	g1 := e.Tenant(t, "gamma", 0, 0)
+	e.Tenant(t, "beta", 0, 0)
+	g2 := e.Tenant(t, "gamma", 0, 0)
+	e.Tenant(t, "alpha", 0, 0)
+	record(t, e.Server, g2, 5, 5)
+
+	r, err := finance.Status(context.Background(), e.Pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range r.Tenants {
+		names = append(names, s.Name)
+	}
+	if strings.Join(names, ",") != "alpha,beta,gamma,gamma" {
+		t.Fatalf("order = %v", names)
+	}
+	first, second := g1.ID, g2.ID
+	if second.String() < first.String() {
+		first, second = second, first
+	}
+	if r.Tenants[2].TenantID != first || r.Tenants[3].TenantID != second {
+		t.Fatalf("tenants of the same name are not ordered by id: %s", mustJSON(t, r.Tenants[2:]))
+	}
+	if tenantOf(t, r, g1.ID).Counters != (finance.Counters{}) {
+		t.Fatalf("a tenant without logs must have zeros: %s", mustJSON(t, tenantOf(t, r, g1.ID)))
+	}
+}
+
+// RebuildCounters repairs counters that went wrong, and stays exact while
+// ingest writes: its lock makes the writes wait for it instead of landing
+// between its scan and its commit.
+func TestRebuildCountersRepairsAndStaysExactUnderWrites(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	alice := e.Tenant(t, "alice", 0, 0)
+	for range 20 {
+		record(t, e.Server, alice, 3, 4)
+	}
+	exec(t, e.Pool, `UPDATE billing_counters SET usage_logs = usage_logs + 1000, overage_input_tokens = 1`)
+	exec(t, e.Pool, `INSERT INTO billing_counters VALUES ($1, 'failed', 5, 5, 5)`, uuid.New())
+	if r := oracle(t, e.Pool); r.Totals.UsageLogs != 20 {
+		t.Fatalf("oracle sees %d logs", r.Totals.UsageLogs)
+	}
+	if r, _ := finance.Status(ctx, e.Pool, nil); r.Totals.UsageLogs == 20 {
+		t.Fatal("the corruption did not show; the test proves nothing")
+	}
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				if _, err := tryRecord(ctx, e.Server, alice, 1, 1); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for range 3 {
+		if err := finance.RebuildCounters(ctx, e.Pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if r := requireExact(t, e.Pool); r.Totals.UsageLogs != 60 {
+		t.Fatalf("after rebuild: %d logs, want 60", r.Totals.UsageLogs)
+	}
+}
+
+// The migration's backfill counts the logs that exist before it, and no
+// write can slip in between the backfill and the trigger: writers wait.
+func TestMigrationBackfillsExistingLogsAndBlocksWritesMeanwhile(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	alice := e.Tenant(t, "alice", 0, 0)
+	bob := e.Tenant(t, "bob", 0, 0)
+	// Back to the schema before 0002: no counters, no triggers.
+	exec(t, e.Pool, `DROP FUNCTION billing_counters_track, billing_counters_truncate CASCADE`)
+	exec(t, e.Pool, `DROP TABLE billing_counters`)
+	a := record(t, e.Server, alice, 10, 10)
+	record(t, e.Server, alice, 20, 0)
+	bill(t, e.Pool, a)
+	record(t, e.Server, bob, 0, 30)
+
+	var sql string
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version == 2 {
+			sql = m.SQL
+		}
+	}
+	tx, err := e.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		t.Fatalf("migration 0002: %v", err)
+	}
+	// While the migration's transaction is open, an ingest write waits.
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = tryRecord(wctx, e.Server, bob, 1, 1)
+	cancel()
+	if err == nil {
+		t.Fatal("a usage log was written while the backfill held its lock")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := requireExact(t, e.Pool)
+	if r.Totals.UsageLogs != 3 || r.Totals.Billed != 1 || r.Totals.BilledInputTokens != 10 {
+		t.Fatalf("after backfill: %s", mustJSON(t, r.Totals))
+	}
+	// And from now on the triggers keep them.
+	fail(t, e.Pool, record(t, e.Server, bob, 5, 5))
+	requireExact(t, e.Pool)
+}
+
+// The pending index is built inside a transaction, not CONCURRENTLY: the
+// migration runner's advisory-lock waiters would deadlock with a
+// concurrent build (see the migration), and the failed build would leave
+// an INVALID index that IF NOT EXISTS keeps.
+func TestPendingIndexMigrationIsTransactionalAndValid(t *testing.T) {
+	t.Parallel()
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *migrations.Migration
+	for i := range all {
+		if strings.Contains(all[i].SQL, "usage_logs_tenant_pending") && strings.Contains(all[i].SQL, "CREATE INDEX") {
+			m = &all[i]
+		}
+	}
+	if m == nil {
+		t.Fatal("no migration creates usage_logs_tenant_pending")
+	}
+	code := regexp.MustCompile(`(?m)--.*$`).ReplaceAllString(m.SQL, "")
+	if strings.HasPrefix(m.SQL, "-- overage:no-transaction") || strings.Contains(code, "CONCURRENTLY") {
+		t.Fatalf("migration %04d builds the index outside a transaction", m.Version)
+	}
+	pool, _ := pgtest.NewPool(t)
+	var valid bool
+	var def string
+	if err := pool.QueryRow(context.Background(), `SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index
+		WHERE indexrelid = 'usage_logs_tenant_pending'::regclass`).Scan(&valid, &def); err != nil || !valid {
+		t.Fatalf("usage_logs_tenant_pending valid = %v (%v)", valid, err)
+	}
+	if !strings.Contains(def, "(tenant_id, created_at) WHERE (billing_status = 'pending'::text)") {
+		t.Fatalf("index = %s", def)
+	}
+}
+
+func TestNeedsReviewListsParkedLogs(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	alice := e.Tenant(t, "alice", 0, 0)
+	bob := e.Tenant(t, "bob", 0, 0)
+	a1, a2 := record(t, e.Server, alice, 1, 1), record(t, e.Server, alice, 2, 2)
+	b1 := record(t, e.Server, bob, 3, 3)
+	record(t, e.Server, bob, 4, 4) // stays pending
+	park(t, e.Pool, a1, a2, b1)
+
+	logs, err := finance.NeedsReview(ctx, e.Pool, nil, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uuid.UUID
+	for _, l := range logs {
+		got = append(got, l.ID)
+		if !strings.Contains(l.Message, "idempotency window") || l.FirstAttemptAt == nil {
+			t.Fatalf("log in review without its reason: %+v", l)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint([]uuid.UUID{a1, a2, b1}) {
+		t.Fatalf("in review = %v, want %v", got, []uuid.UUID{a1, a2, b1})
+	}
+	if logs, _ := finance.NeedsReview(ctx, e.Pool, &bob.ID, 10); len(logs) != 1 || logs[0].ID != b1 || logs[0].OverageInputTokens != 3 {
+		t.Fatalf("bob in review = %+v", logs)
+	}
+	if logs, _ := finance.NeedsReview(ctx, e.Pool, nil, 2); len(logs) != 2 {
+		t.Fatalf("limit 2 gave %d", len(logs))
+	}
+	var sb strings.Builder
+	if err := finance.WriteNeedsReview(&sb, logs); err != nil || !strings.Contains(sb.String(), b1.String()) {
+		t.Fatalf("WriteNeedsReview = %q, %v", sb.String(), err)
+	}
+}

@@ -1,0 +1,193 @@
+package finance
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+)
+
+// DB is what Status and NeedsReview read with; *pgxpool.Pool, *pgx.Conn
+// and pgx.Tx satisfy it.
+type DB interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Beginner is what RebuildCounters writes with; *pgxpool.Pool and
+// *pgx.Conn satisfy it.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Counters are the billed-status numbers of one tenant, or of all of them.
+type Counters struct {
+	UsageLogs           int64      `json:"usage_logs"`
+	Billed              int64      `json:"billed"`
+	Pending             int64      `json:"pending"`
+	NotBillable         int64      `json:"not_billable"`
+	NeedsReview         int64      `json:"needs_review"`
+	Failed              int64      `json:"failed"`
+	OverageInputTokens  int64      `json:"overage_input_tokens"`
+	OverageOutputTokens int64      `json:"overage_output_tokens"`
+	BilledInputTokens   int64      `json:"billed_input_tokens"`
+	BilledOutputTokens  int64      `json:"billed_output_tokens"`
+	OldestPendingAt     *time.Time `json:"oldest_pending_at"`
+}
+
+// add adds o into c; OldestPendingAt becomes the earlier of the two.
+func (c *Counters) add(o Counters) {
+	c.UsageLogs += o.UsageLogs
+	c.Billed += o.Billed
+	c.Pending += o.Pending
+	c.NotBillable += o.NotBillable
+	c.NeedsReview += o.NeedsReview
+	c.Failed += o.Failed
+	c.OverageInputTokens += o.OverageInputTokens
+	c.OverageOutputTokens += o.OverageOutputTokens
+	c.BilledInputTokens += o.BilledInputTokens
+	c.BilledOutputTokens += o.BilledOutputTokens
+	if o.OldestPendingAt != nil && (c.OldestPendingAt == nil || o.OldestPendingAt.Before(*c.OldestPendingAt)) {
+		t := *o.OldestPendingAt
+		c.OldestPendingAt = &t
+	}
+}
+
+// TenantStatus is one tenant's line of the report; the counters are
+// flattened into it in JSON.
+type TenantStatus struct {
+	TenantID         uuid.UUID `json:"tenant_id"`
+	Name             string    `json:"name"`
+	StripeCustomerID string    `json:"stripe_customer_id"`
+	Counters
+}
+
+// Report is the finance view: every tenant (those without usage logs too,
+// with zeros), sorted by name then id, and the totals over them. Its JSON
+// is the body of GET /v1/billing/status and the output of
+// `overage status --json`.
+type Report struct {
+	Tenants []TenantStatus `json:"tenants"`
+	Totals  Counters       `json:"totals"`
+}
+
+// statusQuery reads the report in one statement, hence one snapshot. The
+// counters come from billing_counters (at most five rows per tenant,
+// grouped once); the oldest pending log is the first entry of the partial
+// index usage_logs_tenant_pending for that tenant, looked up only when the
+// tenant has pending logs. %s is the tenant filter: with "WHERE t.id = $1"
+// the planner carries the condition into the grouped subquery, so one
+// tenant's report reads only its own counter rows.
+const statusQuery = `
+SELECT t.id, t.name, t.stripe_customer_id,
+	coalesce(c.usage_logs, 0), coalesce(c.billed, 0), coalesce(c.pending, 0), coalesce(c.not_billable, 0),
+	coalesce(c.needs_review, 0), coalesce(c.failed, 0),
+	coalesce(c.overage_input_tokens, 0), coalesce(c.overage_output_tokens, 0),
+	coalesce(c.billed_input_tokens, 0), coalesce(c.billed_output_tokens, 0),
+	CASE WHEN c.pending > 0 THEN
+		(SELECT min(u.created_at) FROM usage_logs u WHERE u.tenant_id = t.id AND u.billing_status = 'pending')
+	END
+FROM tenants t
+LEFT JOIN (
+	SELECT b.tenant_id,
+		sum(b.usage_logs)::bigint AS usage_logs,
+		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'billed'))::bigint AS billed,
+		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'pending'))::bigint AS pending,
+		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'not_billable'))::bigint AS not_billable,
+		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'needs_review'))::bigint AS needs_review,
+		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'failed'))::bigint AS failed,
+		sum(b.overage_input_tokens)::bigint AS overage_input_tokens,
+		sum(b.overage_output_tokens)::bigint AS overage_output_tokens,
+		(sum(b.overage_input_tokens) FILTER (WHERE b.billing_status = 'billed'))::bigint AS billed_input_tokens,
+		(sum(b.overage_output_tokens) FILTER (WHERE b.billing_status = 'billed'))::bigint AS billed_output_tokens
+	FROM billing_counters b
+	GROUP BY b.tenant_id
+) c ON c.tenant_id = t.id
+%s
+ORDER BY t.name, t.id`
+
+var (
+	statusAll       = fmt.Sprintf(statusQuery, "")
+	statusOneTenant = fmt.Sprintf(statusQuery, "WHERE t.id = $1")
+)
+
+// Status returns the finance report of every tenant, or of one when
+// tenantID is set (then Totals are that tenant's). An unknown tenant is
+// overage.ENOTFOUND. A database that cannot be reached is
+// overage.EUNAVAILABLE.
+func Status(ctx context.Context, db DB, tenantID *uuid.UUID) (*Report, error) {
+	var rows pgx.Rows
+	var err error
+	if tenantID == nil {
+		rows, err = db.Query(ctx, statusAll)
+	} else {
+		rows, err = db.Query(ctx, statusOneTenant, *tenantID)
+	}
+	if err != nil {
+		return nil, dbError(fmt.Errorf("read billing status: %w", err))
+	}
+	defer rows.Close()
+	r := &Report{Tenants: []TenantStatus{}}
+	for rows.Next() {
+		var s TenantStatus
+		c := &s.Counters
+		if err := rows.Scan(&s.TenantID, &s.Name, &s.StripeCustomerID,
+			&c.UsageLogs, &c.Billed, &c.Pending, &c.NotBillable, &c.NeedsReview, &c.Failed,
+			&c.OverageInputTokens, &c.OverageOutputTokens, &c.BilledInputTokens, &c.BilledOutputTokens,
+			&c.OldestPendingAt); err != nil {
+			return nil, dbError(fmt.Errorf("read billing status: %w", err))
+		}
+		if c.OldestPendingAt != nil {
+			t := c.OldestPendingAt.UTC()
+			c.OldestPendingAt = &t
+		}
+		r.Tenants = append(r.Tenants, s)
+		r.Totals.add(s.Counters)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbError(fmt.Errorf("read billing status: %w", err))
+	}
+	if tenantID != nil && len(r.Tenants) == 0 {
+		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "tenant %s not found", tenantID)
+	}
+	return r, nil
+}
+
+// rebuildSQL is also the backfill of migrations/0002_finance.sql.
+const rebuildSQL = `INSERT INTO billing_counters (tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens)
+SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens)
+FROM usage_logs
+GROUP BY tenant_id, billing_status`
+
+// RebuildCounters recomputes billing_counters from usage_logs in one
+// transaction. It first locks usage_logs in SHARE ROW EXCLUSIVE mode, so
+// no write can land between the scan and the commit: ingest and the
+// workers wait for one sequential scan of usage_logs (seconds per few
+// million logs), readers — the finance view included, which keeps seeing
+// the old counters until the commit — do not.
+//
+// For operators: run it after loading usage_logs with the counter
+// triggers disabled (bench/status does), or whenever the counters are in
+// doubt; with the triggers enabled it changes nothing.
+func RebuildCounters(ctx context.Context, db Beginner) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `LOCK TABLE usage_logs IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+			return fmt.Errorf("lock usage_logs: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM billing_counters`); err != nil {
+			return fmt.Errorf("clear billing counters: %w", err)
+		}
+		if _, err := tx.Exec(ctx, rebuildSQL); err != nil {
+			return fmt.Errorf("rebuild billing counters: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return dbError(fmt.Errorf("rebuild billing counters: %w", err))
+	}
+	return nil
+}

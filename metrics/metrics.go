@@ -1,0 +1,206 @@
+// Package metrics defines the Prometheus metrics of overage and the small
+// adapters that record them: ingest outcomes and latency, Stripe calls by
+// outcome and latency, and the billing backlog read from PostgreSQL at
+// scrape time.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/overage-billing/overage/stripeclient"
+)
+
+// Ingest outcomes, the label values of overage_ingest_requests_total.
+const (
+	IngestNew          = "new"
+	IngestReplay       = "replay"
+	IngestDuplicate    = "duplicate"
+	IngestKeyReuse     = "key_reuse"
+	IngestInProgress   = "in_progress"
+	IngestInvalid      = "invalid"
+	IngestUnauthorized = "unauthorized"
+	IngestUnavailable  = "unavailable"
+	IngestError        = "error"
+)
+
+// Ingest records POST /v1/usage-events outcomes.
+type Ingest struct {
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+// NewIngest registers the ingest metrics on reg.
+func NewIngest(reg prometheus.Registerer) *Ingest {
+	m := &Ingest{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "overage_ingest_requests_total",
+			Help: "Usage event requests by outcome (new, replay, duplicate, key_reuse, in_progress, invalid, unauthorized, unavailable, error).",
+		}, []string{"outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "overage_ingest_duration_seconds",
+			Help:    "Time to answer a usage event request, by outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}, []string{"outcome"}),
+	}
+	reg.MustRegister(m.requests, m.duration)
+	for _, o := range []string{IngestNew, IngestReplay, IngestDuplicate, IngestKeyReuse, IngestInProgress, IngestInvalid, IngestUnauthorized, IngestUnavailable, IngestError} {
+		m.requests.WithLabelValues(o) // present at zero, so rates work from the first scrape
+	}
+	return m
+}
+
+// ObserveIngest implements ingest.Observer.
+func (m *Ingest) ObserveIngest(outcome string, d time.Duration) {
+	m.requests.WithLabelValues(outcome).Inc()
+	m.duration.WithLabelValues(outcome).Observe(d.Seconds())
+}
+
+// Stripe call outcomes, the label values of overage_stripe_calls_total.
+const (
+	StripeAccepted       = "accepted"
+	StripeReplayed       = "replayed"
+	StripeAlreadyApplied = "already_applied"
+	StripeRetryable      = "retryable"
+	StripePermanent      = "permanent"
+)
+
+// Sender wraps a stripeclient.Sender, counting and timing each call.
+type Sender struct {
+	next     stripeclient.Sender
+	calls    *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+// InstrumentSender registers the Stripe call metrics on reg and returns
+// next wrapped.
+func InstrumentSender(next stripeclient.Sender, reg prometheus.Registerer) *Sender {
+	s := &Sender{
+		next: next,
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "overage_stripe_calls_total",
+			Help: "Meter event calls to Stripe by outcome (accepted, replayed, already_applied, retryable, permanent).",
+		}, []string{"outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "overage_stripe_call_duration_seconds",
+			Help:    "Meter event call latency, including the wait for the per-customer lock and the rate limit.",
+			Buckets: prometheus.ExponentialBuckets(0.002, 2, 14),
+		}, []string{"outcome"}),
+	}
+	reg.MustRegister(s.calls, s.duration)
+	return s
+}
+
+// SendMeterEvent implements stripeclient.Sender.
+func (s *Sender) SendMeterEvent(ctx context.Context, ev stripeclient.MeterEvent) (stripeclient.Result, error) {
+	start := time.Now()
+	res, err := s.next.SendMeterEvent(ctx, ev)
+	outcome := StripeAccepted
+	switch {
+	case err != nil && stripeclient.IsPermanent(err):
+		outcome = StripePermanent
+	case err != nil:
+		outcome = StripeRetryable
+	case res.AlreadyApplied:
+		outcome = StripeAlreadyApplied
+	case res.Replayed:
+		outcome = StripeReplayed
+	}
+	s.calls.WithLabelValues(outcome).Inc()
+	s.duration.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
+	return res, err
+}
+
+// Backlog is the billing backlog at one moment.
+type Backlog struct {
+	Pending, NeedsReview, Failed int64
+	// OldestPending is the creation time of the oldest pending log, by the
+	// database clock, or nil when nothing is pending.
+	OldestPending *time.Time
+	// Now is the database clock when the backlog was read.
+	Now time.Time
+}
+
+// BacklogFunc reads the backlog.
+type BacklogFunc func(ctx context.Context) (Backlog, error)
+
+// backlogCollector reads the backlog from PostgreSQL at each scrape, so the
+// gauges are never stale and nothing runs between scrapes.
+type backlogCollector struct {
+	read                            BacklogFunc
+	logger                          *slog.Logger
+	pending, oldest, review, failed *prometheus.Desc
+	up                              *prometheus.Desc
+}
+
+// RegisterBacklog registers gauges read by read at scrape time.
+func RegisterBacklog(reg prometheus.Registerer, read BacklogFunc, logger *slog.Logger) {
+	reg.MustRegister(&backlogCollector{
+		read:    read,
+		logger:  logger,
+		pending: prometheus.NewDesc("overage_pending_usage_logs", "Usage logs with overage not yet accepted by Stripe.", nil, nil),
+		oldest:  prometheus.NewDesc("overage_oldest_pending_age_seconds", "Age of the oldest pending usage log (0 when none).", nil, nil),
+		review:  prometheus.NewDesc("overage_needs_review_usage_logs", "Usage logs past Stripe's idempotency window, waiting for an operator.", nil, nil),
+		failed:  prometheus.NewDesc("overage_failed_usage_logs", "Usage logs Stripe refused permanently.", nil, nil),
+		up:      prometheus.NewDesc("overage_backlog_scrape_ok", "1 when the backlog could be read from PostgreSQL.", nil, nil),
+	})
+}
+
+func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.pending
+	ch <- c.oldest
+	ch <- c.review
+	ch <- c.failed
+	ch <- c.up
+}
+
+func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := c.read(ctx)
+	if err != nil {
+		if c.logger != nil && !errors.Is(err, context.Canceled) {
+			c.logger.Warn("metrics: read billing backlog", "err", err)
+		}
+		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
+		return
+	}
+	age := 0.0
+	if b.OldestPending != nil {
+		age = max(0, b.Now.Sub(*b.OldestPending).Seconds())
+	}
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(b.Pending))
+	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age)
+	ch <- prometheus.MustNewConstMetric(c.review, prometheus.GaugeValue, float64(b.NeedsReview))
+	ch <- prometheus.MustNewConstMetric(c.failed, prometheus.GaugeValue, float64(b.Failed))
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
+}
+
+// Querier is what ReadBacklog needs of a pool.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ReadBacklog reads the backlog from the finance counters (a few rows per
+// tenant) and the partial index on pending logs, so a scrape stays cheap at
+// millions of logs.
+func ReadBacklog(ctx context.Context, db Querier) (Backlog, error) {
+	var b Backlog
+	err := db.QueryRow(ctx, `SELECT
+			coalesce(sum(usage_logs) FILTER (WHERE billing_status = 'pending'), 0)::bigint,
+			coalesce(sum(usage_logs) FILTER (WHERE billing_status = 'needs_review'), 0)::bigint,
+			coalesce(sum(usage_logs) FILTER (WHERE billing_status = 'failed'), 0)::bigint,
+			(SELECT min(created_at) FROM usage_logs WHERE billing_status = 'pending'),
+			now()
+		FROM billing_counters`).Scan(&b.Pending, &b.NeedsReview, &b.Failed, &b.OldestPending, &b.Now)
+	if err != nil {
+		return b, fmt.Errorf("read billing backlog: %w", err)
+	}
+	return b, nil
+}

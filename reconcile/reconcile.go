@@ -1,0 +1,536 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/stripeclient"
+)
+
+// Defaults of Params.
+const (
+	// DefaultSettleAfter is how long a window must have been quiet before it
+	// is judged; see the package documentation.
+	DefaultSettleAfter = 2 * time.Hour
+	// DefaultConcurrency is how many summary listings run at once. The
+	// reader's rate limit bounds the calls per second whatever this is.
+	DefaultConcurrency = 4
+	// DefaultMeterInputEvent and DefaultMeterOutputEvent are the meter
+	// event names of the README's configuration.
+	DefaultMeterInputEvent  = "llm_input_tokens"
+	DefaultMeterOutputEvent = "llm_output_tokens"
+)
+
+// DayLayout is how days are written, in flags, rows and reports.
+const DayLayout = "2006-01-02"
+
+// maxFutureSkew is how far ahead of now a usage timestamp (and so a meter
+// event) may be: the SPEC's 5 minutes.
+const maxFutureSkew = 5 * time.Minute
+
+// Querier is what Run needs of the database; *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx implement it.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Params says what to reconcile.
+type Params struct {
+	// From and To are the first and the last day, both inclusive, in UTC;
+	// any time of day is truncated to its UTC day. Required, From <= To.
+	From, To time.Time
+	// TenantID, when set, limits the scope to that tenant's Stripe customer
+	// (and any other tenant sharing that customer).
+	TenantID *uuid.UUID
+	// MeterInputEvent and MeterOutputEvent are the meter event names
+	// (default DefaultMeterInputEvent, DefaultMeterOutputEvent).
+	MeterInputEvent, MeterOutputEvent string
+	// SettleAfter: rows newer than now minus this are too_recent (default
+	// DefaultSettleAfter; zero means the default, negative is an error).
+	SettleAfter time.Duration
+	// Now is the time the report is made at (default time.Now()).
+	Now time.Time
+	// Concurrency is how many Stripe listings run at once (default
+	// DefaultConcurrency).
+	Concurrency int
+}
+
+// Status is the verdict on one row.
+type Status string
+
+const (
+	StatusMatch      Status = "match"
+	StatusDifference Status = "difference"
+	StatusTooRecent  Status = "too_recent"
+)
+
+// Reasons a row is too_recent.
+const (
+	ReasonWindowOpen     = "day ends after the settle cutoff"
+	ReasonRecentActivity = "billing activity after the settle cutoff"
+)
+
+// Row is one (customer, meter, day).
+type Row struct {
+	Customer string `json:"customer"` // Stripe customer id
+	Meter    string `json:"meter"`    // meter event name
+	Day      string `json:"day"`      // UTC, YYYY-MM-DD
+	Database int64  `json:"database"` // overage billed in PostgreSQL
+	Stripe   int64  `json:"stripe"`   // Stripe's aggregated value
+	// Delta is Stripe minus Database: negative means billed but not at
+	// Stripe, positive means Stripe holds more than was billed.
+	Delta  int64  `json:"stripe_minus_database"`
+	Status Status `json:"status"`
+	// Reason says why a row is too_recent.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Tenant is a tenant in scope.
+type Tenant struct {
+	ID   uuid.UUID `json:"id"`
+	Name string    `json:"name"`
+}
+
+// Customer is a Stripe customer in scope and its tenants.
+type Customer struct {
+	StripeCustomerID string   `json:"stripe_customer_id"`
+	Tenants          []Tenant `json:"tenants"`
+}
+
+// Meter is one dimension's meter event name and the Stripe meters found
+// for it.
+type Meter struct {
+	Dimension overage.Dimension `json:"dimension"`
+	EventName string            `json:"event_name"`
+	// MeterIDs are the Stripe meters with this event name; empty when
+	// Stripe has none, in which case Stripe holds nothing for it.
+	MeterIDs []string `json:"meter_ids"`
+}
+
+// Report is the outcome of Run. It marshals to the JSON of
+// `overage reconcile --json`.
+type Report struct {
+	From        string        `json:"from"` // first day, inclusive
+	To          string        `json:"to"`   // last day, inclusive
+	TenantID    *uuid.UUID    `json:"tenant_id,omitempty"`
+	GeneratedAt time.Time     `json:"generated_at"`
+	SettleAfter time.Duration `json:"-"`
+	// SettleAfterText is SettleAfter as a Go duration string, for JSON.
+	SettleAfterText string `json:"settle_after"`
+	// SettleCutoff is GeneratedAt minus SettleAfter.
+	SettleCutoff time.Time `json:"settle_cutoff"`
+	// TooRecentFrom is the first day of the range whose window ends after
+	// the cutoff; it and every later day are too recent to judge. Empty
+	// when the whole range is settled.
+	TooRecentFrom string     `json:"too_recent_from,omitempty"`
+	Customers     []Customer `json:"customers"`
+	Meters        []Meter    `json:"meters"`
+	// Rows lists differences first, then too_recent rows, then matches,
+	// each by customer, meter and day.
+	Rows        []Row `json:"rows"`
+	Matches     int   `json:"matches"`
+	Differences int   `json:"differences"`
+	TooRecent   int   `json:"too_recent"`
+}
+
+// OK reports whether nothing differs. Too-recent rows are not differences.
+func (r *Report) OK() bool { return r.Differences == 0 }
+
+// ParseDay parses a YYYY-MM-DD day (UTC), as the --from and --to flags
+// take it.
+func ParseDay(s string) (time.Time, error) {
+	d, err := time.ParseInLocation(DayLayout, strings.TrimSpace(s), time.UTC)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("day %q must be YYYY-MM-DD", s)
+	}
+	return d, nil
+}
+
+type rowKey struct {
+	customer, meter, day string
+}
+
+type activityKey struct {
+	customer, day string
+}
+
+// Run reconciles the database with Stripe's meter event summaries. db is
+// read; stripe is only read. An error means no verdict (a refused Stripe
+// call, a meter that does not sum, an unknown tenant); differences are not
+// errors — see Report.OK.
+func Run(ctx context.Context, db Querier, stripe stripeclient.SummaryReader, p Params) (*Report, error) {
+	if db == nil || stripe == nil {
+		return nil, errors.New("reconcile: a database and a Stripe summary reader are required")
+	}
+	p, err := p.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	from := utcDay(p.From)
+	end := utcDay(p.To).Add(24 * time.Hour) // exclusive
+	cutoff := p.Now.Add(-p.SettleAfter)
+
+	rep := &Report{
+		From: from.Format(DayLayout), To: utcDay(p.To).Format(DayLayout), TenantID: p.TenantID,
+		GeneratedAt: p.Now, SettleAfter: p.SettleAfter, SettleAfterText: p.SettleAfter.String(),
+		SettleCutoff: cutoff,
+	}
+	for d := from; d.Before(end); d = d.Add(24 * time.Hour) {
+		if d.Add(24 * time.Hour).After(cutoff) {
+			rep.TooRecentFrom = d.Format(DayLayout)
+			break
+		}
+	}
+
+	customers, tenantIDs, err := scope(ctx, db, p.TenantID)
+	if err != nil {
+		return nil, err
+	}
+	rep.Customers = customers
+
+	dims := []struct {
+		dim  overage.Dimension
+		name string
+	}{{overage.DimensionInput, p.MeterInputEvent}, {overage.DimensionOutput, p.MeterOutputEvent}}
+
+	meters, err := stripe.Meters(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	for _, d := range dims {
+		m := Meter{Dimension: d.dim, EventName: d.name, MeterIDs: []string{}}
+		for _, sm := range meters {
+			if sm.EventName != d.name {
+				continue
+			}
+			if sm.Formula != "" && sm.Formula != "sum" {
+				return nil, fmt.Errorf("reconcile: Stripe meter %s (%s) aggregates with %q, not sum, so its summaries cannot be compared with billed overage",
+					sm.ID, sm.EventName, sm.Formula)
+			}
+			m.MeterIDs = append(m.MeterIDs, sm.ID)
+		}
+		rep.Meters = append(rep.Meters, m)
+	}
+
+	db1, activity, err := billed(ctx, db, from, end, cutoff, tenantIDs, p.MeterInputEvent, p.MeterOutputEvent)
+	if err != nil {
+		return nil, err
+	}
+	st, err := summaries(ctx, stripe, p, from, end, customers, rep.Meters)
+	if err != nil {
+		return nil, err
+	}
+
+	keys := map[rowKey]bool{}
+	for k, v := range db1 {
+		if v != 0 {
+			keys[k] = true
+		}
+	}
+	for k, v := range st {
+		if v != 0 {
+			keys[k] = true
+		}
+	}
+	for k := range keys {
+		r := Row{Customer: k.customer, Meter: k.meter, Day: k.day, Database: db1[k], Stripe: st[k]}
+		r.Delta = r.Stripe - r.Database
+		switch {
+		case rep.TooRecentFrom != "" && k.day >= rep.TooRecentFrom:
+			r.Status, r.Reason = StatusTooRecent, ReasonWindowOpen
+		case activity[activityKey{k.customer, k.day}]:
+			r.Status, r.Reason = StatusTooRecent, ReasonRecentActivity
+		case r.Delta == 0:
+			r.Status = StatusMatch
+		default:
+			r.Status = StatusDifference
+		}
+		switch r.Status {
+		case StatusMatch:
+			rep.Matches++
+		case StatusDifference:
+			rep.Differences++
+		case StatusTooRecent:
+			rep.TooRecent++
+		}
+		rep.Rows = append(rep.Rows, r)
+	}
+	order := map[Status]int{StatusDifference: 0, StatusTooRecent: 1, StatusMatch: 2}
+	sort.Slice(rep.Rows, func(i, j int) bool {
+		a, b := rep.Rows[i], rep.Rows[j]
+		if order[a.Status] != order[b.Status] {
+			return order[a.Status] < order[b.Status]
+		}
+		if a.Customer != b.Customer {
+			return a.Customer < b.Customer
+		}
+		if a.Meter != b.Meter {
+			return a.Meter < b.Meter
+		}
+		return a.Day < b.Day
+	})
+	if rep.Rows == nil {
+		rep.Rows = []Row{}
+	}
+	return rep, nil
+}
+
+func (p Params) withDefaults() (Params, error) {
+	if p.From.IsZero() || p.To.IsZero() {
+		return p, errors.New("reconcile: both the first and the last day are required")
+	}
+	if utcDay(p.From).After(utcDay(p.To)) {
+		return p, fmt.Errorf("reconcile: the first day %s is after the last day %s",
+			utcDay(p.From).Format(DayLayout), utcDay(p.To).Format(DayLayout))
+	}
+	if p.SettleAfter < 0 {
+		return p, fmt.Errorf("reconcile: settle-after %s must not be negative", p.SettleAfter)
+	}
+	if p.SettleAfter == 0 {
+		p.SettleAfter = DefaultSettleAfter
+	}
+	if p.MeterInputEvent == "" {
+		p.MeterInputEvent = DefaultMeterInputEvent
+	}
+	if p.MeterOutputEvent == "" {
+		p.MeterOutputEvent = DefaultMeterOutputEvent
+	}
+	if p.MeterInputEvent == p.MeterOutputEvent {
+		return p, fmt.Errorf("reconcile: the input and output meters are both %q", p.MeterInputEvent)
+	}
+	if p.Now.IsZero() {
+		p.Now = time.Now()
+	}
+	p.Now = p.Now.UTC()
+	if p.Concurrency <= 0 {
+		p.Concurrency = DefaultConcurrency
+	}
+	return p, nil
+}
+
+// utcDay is the midnight UTC starting t's UTC day. (Truncate works on
+// absolute time, whose zero is a midnight UTC.)
+func utcDay(t time.Time) time.Time { return t.UTC().Truncate(24 * time.Hour) }
+
+// scope returns the customers in scope and, with a tenant filter, the ids
+// of their tenants (nil without a filter: every tenant).
+func scope(ctx context.Context, db Querier, tenantID *uuid.UUID) ([]Customer, []uuid.UUID, error) {
+	q := `SELECT id, name, stripe_customer_id FROM tenants ORDER BY stripe_customer_id, id`
+	var args []any
+	if tenantID != nil {
+		q = `SELECT id, name, stripe_customer_id FROM tenants
+			WHERE stripe_customer_id = (SELECT stripe_customer_id FROM tenants WHERE id = $1)
+			ORDER BY stripe_customer_id, id`
+		args = append(args, *tenantID)
+	}
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
+	}
+	defer rows.Close()
+	var customers []Customer
+	var ids []uuid.UUID
+	for rows.Next() {
+		var t Tenant
+		var cus string
+		if err := rows.Scan(&t.ID, &t.Name, &cus); err != nil {
+			return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
+		}
+		if len(customers) == 0 || customers[len(customers)-1].StripeCustomerID != cus {
+			customers = append(customers, Customer{StripeCustomerID: cus})
+		}
+		c := &customers[len(customers)-1]
+		c.Tenants = append(c.Tenants, t)
+		ids = append(ids, t.ID)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
+	}
+	if tenantID != nil {
+		if len(customers) == 0 {
+			return nil, nil, fmt.Errorf("reconcile: no tenant %s", *tenantID)
+		}
+		return customers, ids, nil
+	}
+	if customers == nil {
+		customers = []Customer{}
+	}
+	return customers, nil, nil
+}
+
+// billed sums billed overage per (customer, meter, day) over [from, end),
+// and flags the (customer, day) pairs with billing activity after cutoff.
+func billed(ctx context.Context, db Querier, from, end, cutoff time.Time, tenantIDs []uuid.UUID, inputEvent, outputEvent string) (map[rowKey]int64, map[activityKey]bool, error) {
+	// not_billable logs are never sent; every other status may have
+	// touched Stripe, so all count towards activity, only billed ones
+	// towards the sums. greatest() ignores NULLs.
+	q := `SELECT t.stripe_customer_id,
+			to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'),
+			coalesce(sum(u.overage_input_tokens) FILTER (WHERE u.billing_status = 'billed'), 0)::bigint,
+			coalesce(sum(u.overage_output_tokens) FILTER (WHERE u.billing_status = 'billed'), 0)::bigint,
+			coalesce(bool_or(greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3), false)
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+		WHERE u.ts >= $1 AND u.ts < $2 AND u.billing_status <> 'not_billable'`
+	args := []any{from, end, cutoff}
+	if tenantIDs != nil {
+		q += ` AND u.tenant_id = ANY($4)`
+		args = append(args, tenantIDs)
+	}
+	q += ` GROUP BY 1, 2`
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+	}
+	defer rows.Close()
+	sums := map[rowKey]int64{}
+	activity := map[activityKey]bool{}
+	for rows.Next() {
+		var cus, day string
+		var in, out int64
+		var recent bool
+		if err := rows.Scan(&cus, &day, &in, &out, &recent); err != nil {
+			return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+		}
+		// Several tenants may share a customer: add, never overwrite.
+		sums[rowKey{cus, inputEvent, day}] += in
+		sums[rowKey{cus, outputEvent, day}] += out
+		if recent {
+			activity[activityKey{cus, day}] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+	}
+	return sums, activity, nil
+}
+
+// summaries reads Stripe's daily summaries for every customer and meter.
+// The range is cut at the day after now plus the allowed clock skew: no
+// event can carry a later timestamp.
+func summaries(ctx context.Context, sr stripeclient.SummaryReader, p Params, from, end time.Time,
+	customers []Customer, meters []Meter) (map[rowKey]int64, error) {
+	end = minTime(end, utcDay(p.Now.Add(maxFutureSkew)).Add(24*time.Hour))
+	out := map[rowKey]int64{}
+	if !from.Before(end) {
+		return out, nil
+	}
+
+	type job struct{ customer, eventName, meterID string }
+	var jobs []job
+	for _, c := range customers {
+		for _, m := range meters {
+			for _, id := range m.MeterIDs {
+				jobs = append(jobs, job{c.StripeCustomerID, m.EventName, id})
+			}
+		}
+	}
+
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		mu       sync.Mutex
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+		cancel(err)
+	}
+	work := make(chan job)
+	for range min(p.Concurrency, max(len(jobs), 1)) {
+		wg.Go(func() {
+			for j := range work {
+				if ctx.Err() != nil {
+					continue
+				}
+				ss, err := sr.DailySummaries(ctx, j.meterID, j.customer, from, end)
+				if err != nil {
+					fail(fmt.Errorf("reconcile: %w", err))
+					continue
+				}
+				local := map[rowKey]int64{}
+				for _, s := range ss {
+					if s.End.Sub(s.Start) != 24*time.Hour || !s.Start.Equal(utcDay(s.Start)) ||
+						s.Start.Before(from) || s.End.After(end) {
+						fail(fmt.Errorf("reconcile: Stripe returned a summary of meter %s for %s over [%s, %s), not one UTC day within [%s, %s)",
+							j.meterID, j.customer, s.Start.Format(time.RFC3339), s.End.Format(time.RFC3339),
+							from.Format(time.RFC3339), end.Format(time.RFC3339)))
+						break
+					}
+					v, ok := integral(s.Value)
+					if !ok {
+						fail(fmt.Errorf("reconcile: Stripe's summary of meter %s for %s on %s is %v, not a whole number",
+							j.meterID, j.customer, s.Start.Format(DayLayout), s.Value))
+						break
+					}
+					local[rowKey{j.customer, j.eventName, s.Start.Format(DayLayout)}] += v
+				}
+				mu.Lock()
+				for k, v := range local {
+					out[k] += v
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for _, j := range jobs {
+		work <- j
+	}
+	close(work)
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("reconcile: %w", context.Cause(ctx))
+	}
+	return out, nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// integral returns v as an integer and whether it was one: a sum of integer
+// meter values always is.
+func integral(v float64) (int64, bool) {
+	if math.IsNaN(v) || math.IsInf(v, 0) || math.Abs(v) > 1<<53 {
+		return 0, false
+	}
+	r := math.Round(v)
+	return int64(r), r == v
+}
+
+// TooRecentWindows lists the too_recent rows' (customer, day) windows that
+// are too recent because of billing activity rather than the day's end, in
+// row order, without repeats.
+func (r *Report) TooRecentWindows() []string {
+	var out []string
+	for _, row := range r.Rows {
+		if row.Status == StatusTooRecent && row.Reason == ReasonRecentActivity {
+			w := row.Customer + " " + row.Day
+			if !slices.Contains(out, w) {
+				out = append(out, w)
+			}
+		}
+	}
+	return out
+}

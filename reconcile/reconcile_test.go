@@ -1,0 +1,546 @@
+package reconcile_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/reconcile"
+	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/stripeclient/emulator"
+	"github.com/overage-billing/overage/tenants"
+	"github.com/overage-billing/overage/workers"
+)
+
+const (
+	secretKey = "sk_test_123"
+	inMeter   = "llm_input_tokens"
+	outMeter  = "llm_output_tokens"
+	// settled judges every window that has ended: the clean run's billing
+	// happened before the report, so no row is too recent for activity.
+	settled = time.Nanosecond
+)
+
+// fixture is a database and an emulator after a clean run of the real
+// pipeline: usage ingested through ingest.Service, billed by the real
+// workers through stripeclient into the emulator over HTTP.
+type fixture struct {
+	pool    *pgxpool.Pool
+	emu     *emulator.Emulator
+	base    string
+	sc      *stripeclient.Client
+	reader  *stripeclient.SummaryClient
+	ingest  *ingest.Service
+	tenants map[string]*tenants.Created // by Stripe customer id
+
+	today, yesterday time.Time
+	day              func(time.Time) string
+}
+
+func newFixture(t *testing.T, opts emulator.Options) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	emu := emulator.New(opts)
+	t.Cleanup(emu.Close)
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := stripeclient.New(stripeclient.Config{SecretKey: secretKey, APIBase: base, RateLimit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := stripeclient.NewSummaryReader(stripeclient.Config{SecretKey: secretKey, APIBase: base, RateLimit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	f := &fixture{
+		pool: pool, emu: emu, base: base, sc: sc, reader: reader,
+		ingest:  ingest.NewService(pool, outbox.NewInserter(rc, 5)),
+		tenants: map[string]*tenants.Created{},
+		today:   today, yesterday: today.Add(-24 * time.Hour),
+		day: func(d time.Time) string { return d.Format(reconcile.DayLayout) },
+	}
+	for _, c := range []struct {
+		cus     string
+		in, out int64
+	}{{"cus_a", 0, 0}, {"cus_b", 0, 0}, {"cus_capped", 500, 0}, {"cus_free", 1000, 1000}} {
+		tn, err := tenants.NewStore(pool).Create(ctx, tenants.CreateParams{
+			Name: "tenant " + c.cus, StripeCustomerID: c.cus, IncludedInputTokens: c.in, IncludedOutputTokens: c.out,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.tenants[c.cus] = tn
+	}
+
+	y, d := f.yesterday, f.today
+	ids := []uuid.UUID{
+		f.record(t, "cus_a", y.Add(12*time.Hour), 100, 10),
+		f.record(t, "cus_a", d.Add(-time.Second), 50, 0), // the last second of yesterday
+		f.record(t, "cus_a", d, 7, 3),                    // the first second of today
+		f.record(t, "cus_b", y.Add(6*time.Hour), 200, 20),
+		f.record(t, "cus_b", d, 1, 1),
+		f.record(t, "cus_capped", y.Add(time.Hour), 300, 5), // input within the allowance
+		f.record(t, "cus_capped", y.Add(2*time.Hour), 300, 5),
+	}
+	f.record(t, "cus_free", y.Add(time.Hour), 10, 10) // not billable: never sent, never counted
+
+	f.runWorkers(t, ids)
+	return f
+}
+
+// record ingests one usage event through the real ingest transaction.
+func (f *fixture) record(t *testing.T, customer string, ts time.Time, in, out int64) uuid.UUID {
+	t.Helper()
+	key := uuid.NewString()
+	o, err := f.ingest.Record(context.Background(), ingest.RecordParams{
+		TenantID: f.tenants[customer].ID, Key: key, Fingerprint: []byte(key),
+		Event: &ingest.Event{Timestamp: ts, UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id uuid.UUID
+	if err := f.pool.QueryRow(context.Background(), "SELECT usage_log_id FROM idempotency_keys WHERE idempotency_key = $1", key).Scan(&id); err != nil {
+		t.Fatalf("recorded log: %v (%s)", err, o.Body)
+	}
+	return id
+}
+
+// runWorkers runs the real workers until every id is billed, then stops
+// them, so the report sees a still pipeline.
+func (f *fixture) runWorkers(t *testing.T, ids []uuid.UUID) {
+	t.Helper()
+	w, err := workers.New(f.pool, workers.Config{Stripe: f.sc, SweepInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("workers stopped with %v", err)
+		}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, id := range ids {
+		for {
+			var s overage.BillingStatus
+			if err := f.pool.QueryRow(context.Background(), "SELECT billing_status FROM usage_logs WHERE id = $1", id).Scan(&s); err != nil {
+				t.Fatal(err)
+			}
+			if s == overage.BillingStatusBilled {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("usage log %s is %s, not billed, after 30s", id, s)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// billInDatabaseOnly records a usage log and marks it billed in SQL at
+// billedAt, as if Stripe had accepted it, without sending anything.
+func (f *fixture) billInDatabaseOnly(t *testing.T, customer string, ts time.Time, in, out int64, billedAt string) uuid.UUID {
+	t.Helper()
+	id := f.record(t, customer, ts, in, out)
+	if _, err := f.pool.Exec(context.Background(), `UPDATE usage_logs SET billing_status = 'billed',
+		first_attempt_at = `+billedAt+`, billed_at = `+billedAt+`,
+		input_accepted_at = CASE WHEN overage_input_tokens > 0 THEN `+billedAt+` END,
+		output_accepted_at = CASE WHEN overage_output_tokens > 0 THEN `+billedAt+` END
+		WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func (f *fixture) run(t *testing.T, p reconcile.Params) *reconcile.Report {
+	t.Helper()
+	if p.From.IsZero() {
+		p.From, p.To = f.yesterday, f.today
+	}
+	rep, err := reconcile.Run(context.Background(), f.pool, f.reader, p)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return rep
+}
+
+func rowsOf(rep *reconcile.Report, status reconcile.Status) []reconcile.Row {
+	var out []reconcile.Row
+	for _, r := range rep.Rows {
+		if r.Status == status {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func dumpRows(rep *reconcile.Report) string {
+	var b strings.Builder
+	for _, r := range rep.Rows {
+		fmt.Fprintf(&b, "\n  %+v", r)
+	}
+	return b.String()
+}
+
+func TestCleanRunMatchesThenNamesTheUnappliedLog(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, emulator.Options{})
+	y, d := f.day(f.yesterday), f.day(f.today)
+
+	// (a) After a clean run every judged window matches; today is too
+	// recent, since its window has not ended.
+	rep := f.run(t, reconcile.Params{SettleAfter: settled})
+	want := map[string]reconcile.Row{}
+	for _, r := range []reconcile.Row{
+		{Customer: "cus_a", Meter: inMeter, Day: y, Database: 150, Stripe: 150, Status: reconcile.StatusMatch},
+		{Customer: "cus_a", Meter: outMeter, Day: y, Database: 10, Stripe: 10, Status: reconcile.StatusMatch},
+		{Customer: "cus_b", Meter: inMeter, Day: y, Database: 200, Stripe: 200, Status: reconcile.StatusMatch},
+		{Customer: "cus_b", Meter: outMeter, Day: y, Database: 20, Stripe: 20, Status: reconcile.StatusMatch},
+		{Customer: "cus_capped", Meter: inMeter, Day: y, Database: 100, Stripe: 100, Status: reconcile.StatusMatch},
+		{Customer: "cus_capped", Meter: outMeter, Day: y, Database: 10, Stripe: 10, Status: reconcile.StatusMatch},
+		{Customer: "cus_a", Meter: inMeter, Day: d, Database: 7, Stripe: 7, Status: reconcile.StatusTooRecent, Reason: reconcile.ReasonWindowOpen},
+		{Customer: "cus_a", Meter: outMeter, Day: d, Database: 3, Stripe: 3, Status: reconcile.StatusTooRecent, Reason: reconcile.ReasonWindowOpen},
+		{Customer: "cus_b", Meter: inMeter, Day: d, Database: 1, Stripe: 1, Status: reconcile.StatusTooRecent, Reason: reconcile.ReasonWindowOpen},
+		{Customer: "cus_b", Meter: outMeter, Day: d, Database: 1, Stripe: 1, Status: reconcile.StatusTooRecent, Reason: reconcile.ReasonWindowOpen},
+	} {
+		want[r.Customer+"|"+r.Meter+"|"+r.Day] = r
+	}
+	if len(rep.Rows) != len(want) {
+		t.Fatalf("%d rows, want %d:%s", len(rep.Rows), len(want), dumpRows(rep))
+	}
+	for _, r := range rep.Rows {
+		if w, ok := want[r.Customer+"|"+r.Meter+"|"+r.Day]; !ok || r != w {
+			t.Errorf("row %+v, want %+v", r, w)
+		}
+	}
+	if !rep.OK() || rep.Matches != 6 || rep.Differences != 0 || rep.TooRecent != 4 || rep.TooRecentFrom != d {
+		t.Fatalf("clean run: OK %v, %d matches, %d differences, %d too recent (from %q)%s",
+			rep.OK(), rep.Matches, rep.Differences, rep.TooRecent, rep.TooRecentFrom, dumpRows(rep))
+	}
+	if len(rep.Customers) != 4 || len(rep.Meters) != 2 ||
+		len(rep.Meters[0].MeterIDs) != 1 || rep.Meters[0].MeterIDs[0] != f.emu.MeterID(inMeter) {
+		t.Errorf("scope: customers %+v, meters %+v", rep.Customers, rep.Meters)
+	}
+
+	// (b) One more log billed in the database, never sent: exactly one
+	// difference, naming its customer, meter and day, with the numbers.
+	f.billInDatabaseOnly(t, "cus_b", f.yesterday.Add(18*time.Hour), 40, 0, "now()")
+	rep = f.run(t, reconcile.Params{SettleAfter: settled})
+	diffs := rowsOf(rep, reconcile.StatusDifference)
+	wantDiff := reconcile.Row{Customer: "cus_b", Meter: inMeter, Day: y, Database: 240, Stripe: 200, Delta: -40, Status: reconcile.StatusDifference}
+	if rep.OK() || rep.Differences != 1 || len(diffs) != 1 || diffs[0] != wantDiff || rep.Rows[0] != wantDiff {
+		t.Fatalf("after a log billed only in the database: OK %v, differences %+v, want exactly %+v%s", rep.OK(), diffs, wantDiff, dumpRows(rep))
+	}
+	if rep.Matches != 5 || rep.TooRecent != 4 {
+		t.Errorf("%d matches, %d too recent; want 5 and 4", rep.Matches, rep.TooRecent)
+	}
+
+	var buf bytes.Buffer
+	if err := reconcile.WriteText(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	text := buf.String()
+	t.Logf("report:\n%s", text)
+	lines := strings.Split(text, "\n")
+	if !strings.HasPrefix(lines[1], "STATUS") ||
+		!regexp.MustCompile(`^difference\s+cus_b\s+llm_input_tokens\s+`+y+`\s+240\s+200\s+-40\s+billed in the database, not applied at Stripe$`).MatchString(lines[2]) {
+		t.Errorf("the first row of the table is not the difference:\n%s", text)
+	}
+	if !strings.Contains(text, "DIFFERENT: the database and Stripe disagree: 1 difference(s), 5 match(es), 4 too recent to judge\n") ||
+		!strings.Contains(text, "every day from "+d) {
+		t.Errorf("summary or too-recent line missing:\n%s", text)
+	}
+
+	js, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decoded struct {
+		Rows []map[string]any `json:"rows"`
+		reconcile.Report
+	}
+	if err := json.Unmarshal(js, &decoded); err != nil {
+		t.Fatal(err)
+	}
+	if r := decoded.Rows[0]; r["customer"] != "cus_b" || r["meter"] != inMeter || r["day"] != y ||
+		r["database"] != 240.0 || r["stripe"] != 200.0 || r["stripe_minus_database"] != -40.0 || r["status"] != "difference" ||
+		decoded.Differences != 1 || decoded.SettleAfterText != "1ns" || decoded.TooRecentFrom != d {
+		t.Errorf("JSON: %s", js)
+	}
+
+	// And the other way round: Stripe took an event for a log the database
+	// does not count as billed (a needs_review log whose send landed).
+	id := f.record(t, "cus_a", f.yesterday.Add(8*time.Hour), 25, 0)
+	if _, err := f.pool.Exec(context.Background(), `UPDATE usage_logs SET billing_status = 'needs_review',
+		first_attempt_at = now() - interval '30 hours' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.sc.SendMeterEvent(context.Background(), stripeclient.MeterEvent{
+		EventName: inMeter, CustomerID: "cus_a", Value: 25, Timestamp: f.yesterday.Add(8 * time.Hour),
+		Key: overage.MeterEventKey(id, overage.DimensionInput),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rep = f.run(t, reconcile.Params{SettleAfter: settled})
+	diffs = rowsOf(rep, reconcile.StatusDifference)
+	extra := reconcile.Row{Customer: "cus_a", Meter: inMeter, Day: y, Database: 150, Stripe: 175, Delta: 25, Status: reconcile.StatusDifference}
+	if rep.Differences != 2 || len(diffs) != 2 || diffs[0] != extra || diffs[1] != wantDiff {
+		t.Fatalf("after an event Stripe took for a needs_review log: differences %+v, want %+v and %+v", diffs, extra, wantDiff)
+	}
+}
+
+func TestTooRecentWindowsAreNotDifferences(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, emulator.Options{})
+	y := f.day(f.yesterday)
+	f.billInDatabaseOnly(t, "cus_b", f.yesterday.Add(18*time.Hour), 40, 0, "now() - interval '3 hours'")
+
+	// A settle time covering yesterday and today: nothing can be judged,
+	// so the unapplied log is reported too recent, not different.
+	rep := f.run(t, reconcile.Params{SettleAfter: 48 * time.Hour})
+	if !rep.OK() || rep.Differences != 0 || rep.Matches != 0 || rep.TooRecent != len(rep.Rows) || rep.TooRecentFrom != y {
+		t.Fatalf("OK %v, %d differences, %d matches, %d too recent of %d rows, from %q%s",
+			rep.OK(), rep.Differences, rep.Matches, rep.TooRecent, len(rep.Rows), rep.TooRecentFrom, dumpRows(rep))
+	}
+	found := false
+	for _, r := range rep.Rows {
+		if r.Customer == "cus_b" && r.Meter == inMeter && r.Day == y {
+			found = r.Database == 240 && r.Stripe == 200 && r.Reason == reconcile.ReasonWindowOpen
+		}
+	}
+	if !found {
+		t.Errorf("the unapplied window is not reported too recent with its numbers:%s", dumpRows(rep))
+	}
+	var buf bytes.Buffer
+	if err := reconcile.WriteText(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "OK: everything judged matches: 0 difference(s), 0 match(es), 10 too recent to judge") ||
+		!strings.Contains(buf.String(), "every day from "+y) {
+		t.Errorf("text:\n%s", buf.String())
+	}
+
+	// Usage may arrive up to 35 days late: a window long over is still too
+	// recent while its billing is, and judged once that has settled.
+	old := f.today.Add(-3 * 24 * time.Hour)
+	id := f.billInDatabaseOnly(t, "cus_a", old.Add(time.Hour), 30, 0, "now()")
+	p := reconcile.Params{From: old, To: old, SettleAfter: time.Hour}
+	rep = f.run(t, p)
+	want := reconcile.Row{Customer: "cus_a", Meter: inMeter, Day: f.day(old), Database: 30, Stripe: 0, Delta: -30,
+		Status: reconcile.StatusTooRecent, Reason: reconcile.ReasonRecentActivity}
+	if len(rep.Rows) != 1 || rep.Rows[0] != want || !rep.OK() || rep.TooRecentFrom != "" {
+		t.Fatalf("recently billed old window: %+v, want %+v", rep.Rows, want)
+	}
+	buf.Reset()
+	if err := reconcile.WriteText(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "cus_a "+f.day(old)+" (billing activity after the cutoff)") {
+		t.Errorf("text does not name the recent window:\n%s", buf.String())
+	}
+	if _, err := f.pool.Exec(context.Background(), `UPDATE usage_logs SET first_attempt_at = now() - interval '2 hours',
+		input_accepted_at = now() - interval '2 hours', billed_at = now() - interval '2 hours' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	rep = f.run(t, p)
+	want.Status, want.Reason = reconcile.StatusDifference, ""
+	if len(rep.Rows) != 1 || rep.Rows[0] != want || rep.OK() {
+		t.Fatalf("settled old window: %+v, want %+v", rep.Rows, want)
+	}
+}
+
+func TestTenantFilterLimitsTheScope(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, emulator.Options{})
+	f.billInDatabaseOnly(t, "cus_b", f.yesterday.Add(18*time.Hour), 40, 0, "now()")
+	// Stripe usage of a customer no tenant of the scope has: out of scope.
+	if _, err := f.sc.SendMeterEvent(context.Background(), stripeclient.MeterEvent{
+		EventName: inMeter, CustomerID: "cus_stranger", Value: 9, Timestamp: f.yesterday, Key: "stranger-1",
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	a := f.tenants["cus_a"].ID
+	rep := f.run(t, reconcile.Params{TenantID: &a, SettleAfter: settled})
+	if !rep.OK() || rep.Matches != 2 || rep.TooRecent != 2 || len(rep.Customers) != 1 ||
+		rep.Customers[0].StripeCustomerID != "cus_a" || len(rep.Customers[0].Tenants) != 1 || rep.Customers[0].Tenants[0].ID != a {
+		t.Fatalf("tenant cus_a: OK %v, customers %+v%s", rep.OK(), rep.Customers, dumpRows(rep))
+	}
+	for _, r := range rep.Rows {
+		if r.Customer != "cus_a" {
+			t.Errorf("row of another customer: %+v", r)
+		}
+	}
+
+	b := f.tenants["cus_b"].ID
+	rep = f.run(t, reconcile.Params{TenantID: &b, SettleAfter: settled})
+	if rep.OK() || rep.Differences != 1 || rep.Rows[0].Customer != "cus_b" || rep.Rows[0].Delta != -40 {
+		t.Fatalf("tenant cus_b: %s", dumpRows(rep))
+	}
+
+	// Without a filter every tenant's customer is in scope; a customer no
+	// tenant has is not (its usage is another system's business).
+	rep = f.run(t, reconcile.Params{SettleAfter: settled})
+	if rep.Differences != 1 || len(rep.Customers) != 4 {
+		t.Fatalf("all tenants: %d differences, customers %+v", rep.Differences, rep.Customers)
+	}
+	for _, r := range rep.Rows {
+		if r.Customer == "cus_stranger" {
+			t.Errorf("a customer without a tenant was reconciled: %+v", r)
+		}
+	}
+
+	unknown := uuid.New()
+	if _, err := reconcile.Run(context.Background(), f.pool, f.reader, reconcile.Params{From: f.yesterday, To: f.today, TenantID: &unknown}); err == nil ||
+		!strings.Contains(err.Error(), unknown.String()) {
+		t.Errorf("unknown tenant: %v", err)
+	}
+}
+
+func TestPaginationOfMetersAndSummaries(t *testing.T) {
+	t.Parallel()
+	// Three more meters than the pipeline uses, so the meters list spans
+	// pages too.
+	f := newFixture(t, emulator.Options{Meters: []string{"llm_cached_tokens", "images", "seconds"}})
+	from := f.today.Add(-4 * 24 * time.Hour)
+	now := time.Now()
+	p := reconcile.Params{From: from, To: f.today, SettleAfter: settled, Now: now}
+
+	whole, err := reconcile.Run(context.Background(), f.pool, f.reader, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	countGets := func() (meters, summaries int) {
+		for _, r := range f.emu.Requests() {
+			switch {
+			case r.Method == "GET" && r.Path == "/v1/billing/meters":
+				meters++
+			case r.Method == "GET" && strings.HasSuffix(r.Path, "/event_summaries"):
+				summaries++
+			}
+		}
+		return meters, summaries
+	}
+	m0, s0 := countGets()
+
+	paged, err := reconcile.Run(context.Background(), f.pool, f.reader.WithPageSize(1), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m1, s1 := countGets()
+	// One page per meter (5 meters); one page per day window (5 days) for
+	// each of the 4 customers and 2 meters.
+	if m1-m0 != 5 || s1-s0 != 4*2*5 {
+		t.Errorf("page size 1: %d meters pages, %d summaries pages; want 5 and 40 (page size 100: %d and %d)", m1-m0, s1-s0, m0, s0)
+	}
+	if m0 != 1 || s0 != 4*2 {
+		t.Errorf("page size 100: %d meters pages, %d summaries pages; want 1 and 8", m0, s0)
+	}
+	a, _ := json.Marshal(whole)
+	b, _ := json.Marshal(paged)
+	if !bytes.Equal(a, b) {
+		t.Fatalf("paged report differs:\n%s\n%s", a, b)
+	}
+	if !paged.OK() || paged.Matches != 6 || paged.TooRecent != 4 {
+		t.Fatalf("paged: %s", dumpRows(paged))
+	}
+}
+
+func TestMissingMeterMakesEveryBilledWindowADifference(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, emulator.Options{})
+	rep := f.run(t, reconcile.Params{MeterOutputEvent: "llm_output_tokenz", SettleAfter: settled})
+	if rep.OK() || rep.Differences != 3 || len(rep.Meters[1].MeterIDs) != 0 {
+		t.Fatalf("misnamed output meter: %d differences, meters %+v%s", rep.Differences, rep.Meters, dumpRows(rep))
+	}
+	for _, r := range rowsOf(rep, reconcile.StatusDifference) {
+		if r.Meter != "llm_output_tokenz" || r.Stripe != 0 || r.Database <= 0 {
+			t.Errorf("difference %+v", r)
+		}
+	}
+	var buf bytes.Buffer
+	if err := reconcile.WriteText(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `warning: Stripe has no meter with event name "llm_output_tokenz"`) {
+		t.Errorf("text:\n%s", buf.String())
+	}
+}
+
+func TestParamsAreValidated(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	emu := emulator.New(emulator.Options{})
+	t.Cleanup(emu.Close)
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := stripeclient.NewSummaryReader(stripeclient.Config{SecretKey: secretKey, APIBase: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
+	for name, p := range map[string]reconcile.Params{
+		"no days":         {},
+		"from after to":   {From: day, To: day.Add(-24 * time.Hour)},
+		"negative settle": {From: day, To: day, SettleAfter: -time.Hour},
+		"one meter twice": {From: day, To: day, MeterInputEvent: "x", MeterOutputEvent: "x"},
+	} {
+		if _, err := reconcile.Run(context.Background(), pool, reader, p); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if len(emu.Requests()) != 0 {
+		t.Errorf("invalid parameters reached Stripe")
+	}
+
+	// An empty database against an empty Stripe: nothing to compare, OK,
+	// and the days are inclusive and truncated to UTC days.
+	rep, err := reconcile.Run(context.Background(), pool, reader, reconcile.Params{
+		From: day.Add(13 * time.Hour), To: day.Add(25 * time.Hour), Now: day.Add(30 * 24 * time.Hour),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || len(rep.Rows) != 0 || rep.From != "2026-11-29" || rep.To != "2026-11-30" || rep.TooRecentFrom != "" {
+		t.Fatalf("empty: %+v", rep)
+	}
+
+	for _, tc := range []struct {
+		in   string
+		want time.Time
+		ok   bool
+	}{{"2026-11-29", day, true}, {" 2026-11-29 ", day, true}, {"2026-11-31", time.Time{}, false}, {"29.11.2026", time.Time{}, false}} {
+		got, err := reconcile.ParseDay(tc.in)
+		if (err == nil) != tc.ok || !got.Equal(tc.want) {
+			t.Errorf("ParseDay(%q) = %v, %v", tc.in, got, err)
+		}
+	}
+}

@@ -1,0 +1,154 @@
+package review
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+)
+
+// DB is what List reads with: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DB interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Item is a usage log waiting for an operator: needs_review (its first send
+// is older than Stripe's idempotency window allows for an automatic resend)
+// or failed (Stripe refused it with an error a retry cannot fix).
+type Item struct {
+	UsageLogID       uuid.UUID             `json:"usage_log_id"`
+	TenantID         uuid.UUID             `json:"tenant_id"`
+	TenantName       string                `json:"tenant_name"`
+	StripeCustomerID string                `json:"stripe_customer_id"`
+	Status           overage.BillingStatus `json:"billing_status"`
+	// Reason is the log's billing_message: why it is parked, or Stripe's
+	// message and request id for a failure.
+	Reason string `json:"reason"`
+	// FirstAttemptAt is when the log was first sent; Stripe's idempotency
+	// window for its keys counts from it. Null if it was never sent.
+	FirstAttemptAt *time.Time `json:"first_attempt_at"`
+	// Timestamp is the usage's own time (sent to Stripe); CreatedAt is when
+	// the log was recorded.
+	Timestamp           time.Time `json:"timestamp"`
+	CreatedAt           time.Time `json:"created_at"`
+	OverageInputTokens  int64     `json:"overage_input_tokens"`
+	OverageOutputTokens int64     `json:"overage_output_tokens"`
+	// When Stripe accepted each dimension; an accepted dimension is never
+	// sent again, whatever the operator decides.
+	InputAcceptedAt  *time.Time `json:"input_accepted_at"`
+	OutputAcceptedAt *time.Time `json:"output_accepted_at"`
+}
+
+// Identifiers are the Stripe meter event identifiers (and idempotency
+// keys) of the item's dimensions with overage.
+func (it Item) Identifiers() []string {
+	var out []string
+	if it.OverageInputTokens > 0 {
+		out = append(out, overage.MeterEventKey(it.UsageLogID, overage.DimensionInput))
+	}
+	if it.OverageOutputTokens > 0 {
+		out = append(out, overage.MeterEventKey(it.UsageLogID, overage.DimensionOutput))
+	}
+	return out
+}
+
+// List returns the usage logs in needs_review or failed, of one tenant when
+// tenantID is set, oldest first (by when they were recorded). It never
+// returns nil, so the JSON of an empty list is [].
+//
+// It walks the tenants and, per tenant, the (tenant_id, billing_status)
+// index of usage_logs, so it reads only the logs it returns, however large
+// the table.
+func List(ctx context.Context, db DB, tenantID *uuid.UUID) ([]Item, error) {
+	rows, err := db.Query(ctx, `
+		SELECT u.id, t.id, t.name, t.stripe_customer_id, u.billing_status, coalesce(u.billing_message, ''),
+			u.first_attempt_at, u.ts, u.created_at, u.overage_input_tokens, u.overage_output_tokens,
+			u.input_accepted_at, u.output_accepted_at
+		FROM tenants t
+		CROSS JOIN LATERAL (
+			SELECT * FROM usage_logs u
+			WHERE u.tenant_id = t.id AND u.billing_status IN ('needs_review', 'failed')
+		) u
+		WHERE $1::uuid IS NULL OR t.id = $1::uuid
+		ORDER BY u.created_at, u.id`, tenantID)
+	if err != nil {
+		return nil, fmt.Errorf("list usage logs to review: %w", err)
+	}
+	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Item, error) {
+		var it Item
+		err := row.Scan(&it.UsageLogID, &it.TenantID, &it.TenantName, &it.StripeCustomerID, &it.Status, &it.Reason,
+			&it.FirstAttemptAt, &it.Timestamp, &it.CreatedAt, &it.OverageInputTokens, &it.OverageOutputTokens,
+			&it.InputAcceptedAt, &it.OutputAcceptedAt)
+		it.Timestamp, it.CreatedAt = it.Timestamp.UTC(), it.CreatedAt.UTC()
+		it.FirstAttemptAt, it.InputAcceptedAt, it.OutputAcceptedAt = utc(it.FirstAttemptAt), utc(it.InputAcceptedAt), utc(it.OutputAcceptedAt)
+		return it, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list usage logs to review: %w", err)
+	}
+	if items == nil {
+		items = []Item{}
+	}
+	return items, nil
+}
+
+// WriteTable writes items as an aligned table for an operator, one log per
+// line, with the command that resolves them underneath.
+func WriteTable(w io.Writer, items []Item) error {
+	if len(items) == 0 {
+		_, err := fmt.Fprintln(w, "No usage logs need review.")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "USAGE LOG\tSTATUS\tTENANT\tCUSTOMER\tFIRST SENT\tOVERAGE IN\tOVERAGE OUT\tACCEPTED BY STRIPE\tREASON")
+	for _, it := range items {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", it.UsageLogID, it.Status, oneLine(it.TenantName), it.StripeCustomerID,
+			timeOrDash(it.FirstAttemptAt), it.OverageInputTokens, it.OverageOutputTokens, accepted(it), oneLine(it.Reason))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\n%d usage log(s). Resolve one with: overage review resolve ID --as billed|resend|void --reason TEXT\n", len(items))
+	return err
+}
+
+func accepted(it Item) string {
+	var dims []string
+	if it.InputAcceptedAt != nil {
+		dims = append(dims, string(overage.DimensionInput))
+	}
+	if it.OutputAcceptedAt != nil {
+		dims = append(dims, string(overage.DimensionOutput))
+	}
+	if len(dims) == 0 {
+		return "-"
+	}
+	return strings.Join(dims, ",")
+}
+
+func timeOrDash(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// oneLine keeps a free-text field from breaking the table.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}

@@ -1,0 +1,680 @@
+package review_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/review"
+	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/stripeclient/emulator"
+	"github.com/overage-billing/overage/tenants"
+	"github.com/overage-billing/overage/workers"
+)
+
+// bundle is one test's world: its own database, a real Stripe emulator on
+// loopback, the real ingest transaction, real workers and the Resolver.
+type bundle struct {
+	pool     *pgxpool.Pool
+	emu      *emulator.Emulator
+	sc       *stripeclient.Client
+	ingest   *ingest.Service
+	resolver *review.Resolver
+	tenants  map[string]*tenants.Created // by Stripe customer id
+}
+
+// setup builds the world. ingestAttempts is the max attempts of the jobs
+// ingest queues; the resolver's jobs get 5.
+func setup(t *testing.T, opts emulator.Options, ingestAttempts int, customers ...string) *bundle {
+	t.Helper()
+	pool, _ := pgtest.NewPool(t)
+	opts.Seed = 7
+	emu := emulator.New(opts)
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emu.Close)
+	sc, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: base, RateLimit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{}) // insert-only
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bundle{
+		pool: pool, emu: emu, sc: sc,
+		ingest:   ingest.NewService(pool, outbox.NewInserter(rc, ingestAttempts)),
+		resolver: review.NewResolver(pool, outbox.NewInserter(rc, 5)),
+		tenants:  map[string]*tenants.Created{},
+	}
+	for _, cus := range customers {
+		tn, err := tenants.NewStore(pool).Create(context.Background(), tenants.CreateParams{Name: "tenant " + cus, StripeCustomerID: cus})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.tenants[cus] = tn
+	}
+	return b
+}
+
+// record ingests one event through the real ingest transaction.
+func (b *bundle) record(t *testing.T, customer string, in, out int64) uuid.UUID {
+	t.Helper()
+	key := uuid.NewString()
+	o, err := b.ingest.Record(context.Background(), ingest.RecordParams{
+		TenantID: b.tenants[customer].ID, Key: key, Fingerprint: []byte(key),
+		Event: &ingest.Event{Timestamp: time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id uuid.UUID
+	if err := b.pool.QueryRow(context.Background(), "SELECT usage_log_id FROM idempotency_keys WHERE idempotency_key = $1", key).Scan(&id); err != nil {
+		t.Fatalf("recorded log: %v (%s)", err, o.Body)
+	}
+	return id
+}
+
+// start runs real workers until stop or the end of the test.
+func (b *bundle) start(t *testing.T, cfg workers.Config) (stop func()) {
+	t.Helper()
+	cfg.Stripe = b.sc
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if cfg.SweepInterval == 0 {
+		cfg.SweepInterval = time.Hour
+	}
+	w, err := workers.New(b.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var stopped atomic.Bool
+	stop = func() {
+		if stopped.CompareAndSwap(false, true) {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("workers stopped with %v", err)
+			}
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+type logRow struct {
+	Status         overage.BillingStatus
+	Message        *string
+	FirstAttemptAt *time.Time
+	BilledAt       *time.Time
+	InputAccepted  *time.Time
+	OutputAccepted *time.Time
+}
+
+func (b *bundle) log(t *testing.T, id uuid.UUID) logRow {
+	t.Helper()
+	var l logRow
+	if err := b.pool.QueryRow(context.Background(), `SELECT billing_status, billing_message, first_attempt_at, billed_at,
+			input_accepted_at, output_accepted_at FROM usage_logs WHERE id = $1`, id).
+		Scan(&l.Status, &l.Message, &l.FirstAttemptAt, &l.BilledAt, &l.InputAccepted, &l.OutputAccepted); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, want overage.BillingStatus, timeout time.Duration) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool { return b.log(t, id).Status == want })
+}
+
+// waitPastWindow polls the database clock — the one Resolve compares with —
+// until the log's first attempt is older than window.
+func (b *bundle) waitPastWindow(t *testing.T, id uuid.UUID, window time.Duration) {
+	t.Helper()
+	waitFor(t, "the idempotency window to pass by the database clock", window+30*time.Second, func() bool {
+		var past bool
+		if err := b.pool.QueryRow(context.Background(), `SELECT first_attempt_at + make_interval(secs => $2) <= now()
+			FROM usage_logs WHERE id = $1`, id, window.Seconds()).Scan(&past); err != nil {
+			t.Fatal(err)
+		}
+		return past
+	})
+}
+
+// requests returns what the emulator received with a log's key for d,
+// failing unless each carried the derived key as both Idempotency-Key and
+// identifier.
+func (b *bundle) requests(t *testing.T, id uuid.UUID, d overage.Dimension) []emulator.Request {
+	t.Helper()
+	want := overage.MeterEventKey(id, d)
+	var out []emulator.Request
+	for _, r := range b.emu.Requests() {
+		if r.Identifier == want || r.IdempotencyKey == want {
+			if r.Identifier != want || r.IdempotencyKey != want {
+				t.Fatalf("request for %s carried key %q and identifier %q, want both %q", id, r.IdempotencyKey, r.Identifier, want)
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+type jobRow struct {
+	ID    int64
+	State string
+}
+
+// reportJobs lists the River report jobs of a log.
+func (b *bundle) reportJobs(t *testing.T, id uuid.UUID) []jobRow {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT id, state::text FROM river_job WHERE kind = $1 AND args->>'usage_log_id' = $2 ORDER BY id`,
+		outbox.ReportArgs{}.Kind(), id.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[jobRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+type auditRow struct {
+	Action, Reason, Actor, PreviousStatus string
+	PreviousMessage                       *string
+	FirstAttemptAt                        *time.Time
+	Forced                                bool
+	CreatedAt                             time.Time
+}
+
+func (b *bundle) audit(t *testing.T, id uuid.UUID) []auditRow {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT action, reason, actor, previous_status, previous_message, first_attempt_at, forced, created_at
+		FROM review_actions WHERE usage_log_id = $1 ORDER BY created_at, id`, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[auditRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func wantError(t *testing.T, err error, code overage.ErrorCode, typ string) *overage.Error {
+	t.Helper()
+	var e *overage.Error
+	if !errors.As(err, &e) || e.Code != code || e.Type != typ {
+		t.Fatalf("error %v, want %s (%s)", err, typ, code)
+	}
+	return e
+}
+
+func sameTime(a, b *time.Time) bool {
+	return a != nil && b != nil && a.Equal(*b)
+}
+
+// requireAppliedEqualsBilled checks Stripe's applied totals per customer and
+// meter against the overage PostgreSQL holds as billed, and that no
+// identifier was applied twice.
+func requireAppliedEqualsBilled(t *testing.T, b *bundle) {
+	t.Helper()
+	rows, err := b.pool.Query(context.Background(), `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.billing_status = 'billed' GROUP BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[emulator.AppliedKey]int64{}
+	for rows.Next() {
+		var cus string
+		var in, out int64
+		if err := rows.Scan(&cus, &in, &out); err != nil {
+			t.Fatal(err)
+		}
+		if in > 0 {
+			want[emulator.AppliedKey{Customer: cus, EventName: "llm_input_tokens"}] = in
+		}
+		if out > 0 {
+			want[emulator.AppliedKey{Customer: cus, EventName: "llm_output_tokens"}] = out
+		}
+	}
+	if got := b.emu.Applied(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Stripe applied %v, PostgreSQL billed %v", got, want)
+	}
+	for _, e := range b.emu.Events() {
+		if n := b.emu.AppliedCount(e.Identifier); n != 1 {
+			t.Fatalf("identifier %s applied %d times", e.Identifier, n)
+		}
+	}
+}
+
+// A log parked the real way (a black-holed customer, a 3 s window) and one
+// failed the real way (Stripe refuses the customer) are listed with their
+// reason and first attempt; a billed one is not. After the window, by the
+// database clock, a resend of the parked log — whose report job has
+// finished — queues a new job and the workers bill it once.
+func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testing.T) {
+	t.Parallel()
+	const window = 3 * time.Second
+	b := setup(t, emulator.Options{
+		Faults: emulator.Faults{BlackholeCustomers: []string{"cus_hole"}},
+		KeyTTL: window, IdentifierTTL: window, // the emulator forgets keys as Stripe does, on the test's scale
+	}, 5, "cus_ok", "cus_hole", "cus_gone")
+	b.emu.SetCustomerFailure("cus_gone", "No such customer: 'cus_gone'")
+	parked := b.record(t, "cus_hole", 10, 0)
+	failed := b.record(t, "cus_gone", 5, 3)
+	billed := b.record(t, "cus_ok", 7, 0)
+	b.start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Hour, JobTimeout: 2 * time.Second})
+	b.waitStatus(t, parked, overage.BillingStatusNeedsReview, 30*time.Second)
+	b.waitStatus(t, failed, overage.BillingStatusFailed, 20*time.Second)
+	b.waitStatus(t, billed, overage.BillingStatusBilled, 20*time.Second)
+	// The parked log's report job finishes (completed: the worker parked
+	// the log, or found it parked by the sweep). River's unique insert
+	// counts completed jobs, so the resend below must not be skipped.
+	waitFor(t, "the parked log's report job to complete", 20*time.Second, func() bool {
+		jobs := b.reportJobs(t, parked)
+		return len(jobs) == 1 && jobs[0].State == "completed"
+	})
+	oldJob := b.reportJobs(t, parked)[0].ID
+
+	items, err := review.List(context.Background(), b.pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 2 || items[0].UsageLogID != parked || items[1].UsageLogID != failed {
+		t.Fatalf("listed %+v, want the parked then the failed log", items)
+	}
+	for _, it := range items {
+		l := b.log(t, it.UsageLogID)
+		if it.Status != l.Status || it.Reason != *l.Message || !sameTime(it.FirstAttemptAt, l.FirstAttemptAt) {
+			t.Fatalf("item %+v, log %+v", it, l)
+		}
+	}
+	if p := items[0]; !strings.Contains(p.Reason, "idempotency window") || p.TenantName != "tenant cus_hole" ||
+		p.StripeCustomerID != "cus_hole" || p.OverageInputTokens != 10 || p.OverageOutputTokens != 0 {
+		t.Fatalf("parked item %+v", p)
+	}
+	if f := items[1]; f.Status != overage.BillingStatusFailed || !strings.Contains(f.Reason, "No such customer") ||
+		f.OverageInputTokens != 5 || f.OverageOutputTokens != 3 {
+		t.Fatalf("failed item %+v", f)
+	}
+	gone := b.tenants["cus_gone"].ID
+	if only, err := review.List(context.Background(), b.pool, &gone); err != nil || len(only) != 1 || only[0].UsageLogID != failed {
+		t.Fatalf("list of one tenant: %+v %v", only, err)
+	}
+	ok := b.tenants["cus_ok"].ID
+	if none, err := review.List(context.Background(), b.pool, &ok); err != nil || none == nil || len(none) != 0 {
+		t.Fatalf("list of a tenant with nothing to review: %#v %v", none, err)
+	}
+	var table bytes.Buffer
+	if err := review.WriteTable(&table, items); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", table.String())
+	for _, want := range []string{"USAGE LOG", "FIRST SENT", "REASON", parked.String(), failed.String(), "needs_review", "No such customer", items[0].FirstAttemptAt.Format(time.RFC3339)} {
+		if !strings.Contains(table.String(), want) {
+			t.Fatalf("table lacks %q", want)
+		}
+	}
+	js, err := json.Marshal(items)
+	if err != nil || !strings.Contains(string(js), `"first_attempt_at":"`) || !strings.Contains(string(js), `"reason":"`) {
+		t.Fatalf("json %s %v", js, err)
+	}
+
+	// The customer answers again; the window passes by the database clock.
+	b.emu.SetFaults(emulator.Faults{})
+	b.waitPastWindow(t, parked, window)
+	sentBefore := len(b.requests(t, parked, overage.DimensionInput))
+	res, err := b.resolver.Resolve(context.Background(), review.ResolveParams{
+		UsageLogID: parked, Action: review.ActionResend, Reason: "customer reachable again; Stripe shows no event", Actor: "carol", IdempotencyWindow: window,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res)
+	if res.Status != overage.BillingStatusPending || res.Forced || res.ReportJob == nil || res.ReportJob.Existing || res.ReportJob.ID == oldJob ||
+		fmt.Sprint(res.Dimensions) != "[input]" {
+		t.Fatalf("resolution %+v", res)
+	}
+	b.waitStatus(t, parked, overage.BillingStatusBilled, 20*time.Second)
+	reqs := b.requests(t, parked, overage.DimensionInput)
+	if len(reqs) <= sentBefore || reqs[len(reqs)-1].Outcome != emulator.OutcomeApplied {
+		t.Fatalf("requests after the resend: %+v", reqs[sentBefore:])
+	}
+	if n := b.emu.AppliedCount(overage.MeterEventKey(parked, overage.DimensionInput)); n != 1 {
+		t.Fatalf("applied %d times, want once", n)
+	}
+	if a := b.audit(t, parked); len(a) != 1 || a[0].Action != "resend" || a[0].Actor != "carol" ||
+		a[0].PreviousStatus != "needs_review" || a[0].Forced || !strings.Contains(*a[0].PreviousMessage, "idempotency window") {
+		t.Fatalf("audit %+v", a)
+	}
+	requireAppliedEqualsBilled(t, b)
+}
+
+// billed and void change the log and write exactly one audit row each;
+// nothing is sent; a resolved, billed, pending or unknown log is refused;
+// concurrent operators resolve a log once.
+func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Options{}, 5, "cus_ok", "cus_gone")
+	b.emu.SetCustomerFailure("cus_gone", "No such customer: 'cus_gone'")
+	var gone []uuid.UUID
+	for range 3 {
+		gone = append(gone, b.record(t, "cus_gone", 5, 1))
+	}
+	billed := b.record(t, "cus_ok", 5, 0)
+	stop := b.start(t, workers.Config{})
+	for _, id := range gone {
+		b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
+	}
+	b.waitStatus(t, billed, overage.BillingStatusBilled, 20*time.Second)
+	stop()
+	pending := b.record(t, "cus_ok", 5, 0) // no workers: it stays pending
+	sent := len(b.emu.Requests())
+	ctx := context.Background()
+
+	// Every missing input is named at once.
+	_, err := b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: gone[0], Reason: "  "})
+	e := wantError(t, err, overage.EINVALID, "validation-failed")
+	if fmt.Sprint(e.Fields) != fmt.Sprint([]overage.FieldError{
+		{Field: "as", Detail: "is required: billed, resend or void"},
+		{Field: "reason", Detail: "is required: say why, for the audit trail"},
+		{Field: "by", Detail: "is required: who decides, for the audit trail"},
+	}) {
+		t.Fatalf("fields %+v", e.Fields)
+	}
+	_, err = b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: gone[0], Action: "refund", Reason: "r", Actor: "a"})
+	wantError(t, err, overage.EINVALID, "validation-failed")
+	_, err = b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: gone[0], Action: review.ActionVoid, Reason: "r", Actor: "a", Force: true})
+	wantError(t, err, overage.EINVALID, "validation-failed")
+
+	before := b.log(t, gone[0])
+	res, err := b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: gone[0], Action: review.ActionBilled, Reason: "event seen in the Stripe Dashboard", Actor: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := b.log(t, gone[0])
+	if l.Status != overage.BillingStatusBilled || l.BilledAt == nil || *l.Message != "marked billed by alice: event seen in the Stripe Dashboard" ||
+		res.Status != l.Status || res.Message != *l.Message || res.PreviousStatus != overage.BillingStatusFailed || res.ReportJob != nil {
+		t.Fatalf("log %+v, resolution %+v", l, res)
+	}
+	a := b.audit(t, gone[0])
+	if len(a) != 1 || a[0].Action != "billed" || a[0].Actor != "alice" || a[0].Reason != "event seen in the Stripe Dashboard" ||
+		a[0].PreviousStatus != "failed" || *a[0].PreviousMessage != *before.Message || !strings.Contains(*a[0].PreviousMessage, "No such customer") ||
+		!sameTime(a[0].FirstAttemptAt, before.FirstAttemptAt) || a[0].Forced || !a[0].CreatedAt.Equal(res.ResolvedAt) {
+		t.Fatalf("audit %+v (log before %+v)", a, before)
+	}
+
+	res, err = b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: gone[1], Action: review.ActionVoid, Reason: "test customer, never to be billed", Actor: "bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l = b.log(t, gone[1])
+	if l.Status != overage.BillingStatusNotBillable || l.BilledAt != nil || *l.Message != "voided by bob: test customer, never to be billed" || res.Status != l.Status {
+		t.Fatalf("log %+v, resolution %+v", l, res)
+	}
+	if a := b.audit(t, gone[1]); len(a) != 1 || a[0].Action != "void" || a[0].Actor != "bob" || a[0].PreviousStatus != "failed" {
+		t.Fatalf("audit %+v", a)
+	}
+
+	// Resolved, billed by the workers, pending, unknown: refused, unaudited.
+	_, err = b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: gone[0], Action: review.ActionVoid, Reason: "changed my mind", Actor: "alice"})
+	if e := wantError(t, err, overage.ECONFLICT, "not-reviewable"); !strings.Contains(e.Message, "is billed") {
+		t.Fatalf("message %q does not name the status", e.Message)
+	}
+	for _, id := range []uuid.UUID{billed, pending} {
+		_, err = b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "r", Actor: "alice", Force: true})
+		wantError(t, err, overage.ECONFLICT, "not-reviewable")
+		if a := b.audit(t, id); len(a) != 0 {
+			t.Fatalf("refused resolution audited: %+v", a)
+		}
+	}
+	_, err = b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: uuid.New(), Action: review.ActionVoid, Reason: "r", Actor: "alice"})
+	wantError(t, err, overage.ENOTFOUND, "usage-log-not-found")
+	if a := b.audit(t, gone[0]); len(a) != 1 {
+		t.Fatalf("%d audit rows after a refused second resolution, want 1", len(a))
+	}
+
+	// Eight operators at once: one decides, seven are told it is resolved.
+	var wg sync.WaitGroup
+	var won, refused atomic.Int32
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: gone[2], Action: []review.Action{review.ActionBilled, review.ActionVoid}[i%2],
+				Reason: "race", Actor: fmt.Sprintf("op%d", i)})
+			var e *overage.Error
+			switch {
+			case err == nil:
+				won.Add(1)
+			case errors.As(err, &e) && e.Type == "not-reviewable":
+				refused.Add(1)
+			default:
+				t.Errorf("concurrent resolve: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if won.Load() != 1 || refused.Load() != 7 || len(b.audit(t, gone[2])) != 1 {
+		t.Fatalf("%d won, %d refused, %d audit rows; want 1, 7, 1", won.Load(), refused.Load(), len(b.audit(t, gone[2])))
+	}
+
+	if items, err := review.List(ctx, b.pool, nil); err != nil || len(items) != 0 {
+		t.Fatalf("still listed after resolution: %+v %v", items, err)
+	}
+	if n := len(b.emu.Requests()); n != sent {
+		t.Fatalf("billed and void sent %d requests to Stripe", n-sent)
+	}
+	var jobs int
+	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = $1 AND state NOT IN ('completed', 'cancelled', 'discarded')
+		AND args->>'usage_log_id' = ANY($2)`, outbox.ReportArgs{}.Kind(), []string{gone[0].String(), gone[1].String(), gone[2].String()}).Scan(&jobs); err != nil || jobs != 0 {
+		t.Fatalf("%d report jobs queued for resolved logs (%v)", jobs, err)
+	}
+}
+
+// Stripe applied the first send but its answer was lost; the log was parked
+// (no retry was left, then the window guard). Stripe still holds the key:
+// a resend is refused and sends nothing; forced, it goes out under the SAME
+// key, Stripe replays the earlier answer, and the event is applied once.
+func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Options{Faults: emulator.Faults{LostResponseRate: 1}}, 1, "cus_lost")
+	id := b.record(t, "cus_lost", 40, 2)
+	// The workers' window is short so the sweep parks the log within
+	// seconds; Stripe's (the emulator's, the Resolver's) is the real 24h.
+	b.start(t, workers.Config{MaxAttempts: 1, IdempotencyWindow: 2 * time.Second, SweepInterval: 300 * time.Millisecond, SweepGrace: time.Hour})
+	b.waitStatus(t, id, overage.BillingStatusNeedsReview, 30*time.Second)
+	for _, d := range overage.Dimensions {
+		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
+			t.Fatalf("%s applied %d times before the review, want once (the lost answer)", d, n)
+		}
+	}
+	b.emu.SetFaults(emulator.Faults{})
+	sent := len(b.emu.Requests())
+	ctx := context.Background()
+
+	_, err := b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "no answer from Stripe", Actor: "dave", IdempotencyWindow: 24 * time.Hour})
+	e := wantError(t, err, overage.ECONFLICT, "resend-inside-window")
+	if e.RetryAfter < 23*time.Hour || e.RetryAfter > 24*time.Hour || !strings.Contains(e.Message, "--force") {
+		t.Fatalf("refusal %+v", e)
+	}
+	time.Sleep(500 * time.Millisecond) // anything queued would have run by now
+	if l := b.log(t, id); l.Status != overage.BillingStatusNeedsReview || len(b.emu.Requests()) != sent || len(b.audit(t, id)) != 0 {
+		t.Fatalf("a refused resend changed something: log %+v, %d requests, audit %+v", l, len(b.emu.Requests())-sent, b.audit(t, id))
+	}
+
+	res, err := b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "no answer from Stripe", Actor: "dave", Force: true, IdempotencyWindow: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res)
+	if !res.Forced || res.ReportJob == nil || res.ReportJob.Existing || len(res.Dimensions) != 2 || !strings.Contains(res.Message, "forced") {
+		t.Fatalf("resolution %+v", res)
+	}
+	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	for _, d := range overage.Dimensions {
+		reqs := b.requests(t, id, d)
+		if len(reqs) < 2 || reqs[len(reqs)-1].Outcome != emulator.OutcomeReplayed {
+			t.Fatalf("%s: requests %+v, want the resend answered by Stripe's replay", d, reqs)
+		}
+		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
+			t.Fatalf("%s applied %d times, want once", d, n)
+		}
+	}
+	if a := b.audit(t, id); len(a) != 1 || !a[0].Forced || a[0].Action != "resend" || a[0].PreviousStatus != "needs_review" || a[0].Actor != "dave" {
+		t.Fatalf("audit %+v", a)
+	}
+	requireAppliedEqualsBilled(t, b)
+}
+
+// Stripe accepted the input dimension, then refused the output (customer
+// missing): the log failed with input accepted. Inside the window a resend
+// is refused; after it — when the emulator has forgotten the input key and
+// would apply it again — the resend sends only the output.
+func TestResendAfterTheWindowSendsOnlyWhatStripeHasNotAccepted(t *testing.T) {
+	t.Parallel()
+	const window = 3 * time.Second
+	b := setup(t, emulator.Options{KeyTTL: window, IdentifierTTL: window}, 5, "cus_part")
+	ctx := context.Background()
+	id := b.record(t, "cus_part", 30, 4)
+	var ts time.Time
+	if err := b.pool.QueryRow(ctx, "SELECT ts FROM usage_logs WHERE id = $1", id).Scan(&ts); err != nil {
+		t.Fatal(err)
+	}
+	// The input event reaches Stripe first (as an earlier attempt whose
+	// answer we lost would have); the worker's send of it is then replayed.
+	if _, err := b.sc.SendMeterEvent(ctx, stripeclient.MeterEvent{EventName: "llm_input_tokens", CustomerID: "cus_part", Value: 30, Timestamp: ts,
+		Key: overage.MeterEventKey(id, overage.DimensionInput)}); err != nil {
+		t.Fatal(err)
+	}
+	b.emu.SetCustomerFailure("cus_part", "No such customer: 'cus_part'")
+	b.start(t, workers.Config{})
+	b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
+	if l := b.log(t, id); l.InputAccepted == nil || l.OutputAccepted != nil {
+		t.Fatalf("log %+v, want input accepted and output not", l)
+	}
+	items, err := review.List(ctx, b.pool, nil)
+	if err != nil || len(items) != 1 || items[0].InputAcceptedAt == nil || items[0].OutputAcceptedAt != nil {
+		t.Fatalf("list %+v %v", items, err)
+	}
+	b.emu.SetCustomerFailure("cus_part", "") // the operator fixed the customer
+
+	p := review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "customer recreated in Stripe", Actor: "erin", IdempotencyWindow: window}
+	_, err = b.resolver.Resolve(ctx, p)
+	wantError(t, err, overage.ECONFLICT, "resend-inside-window")
+
+	b.waitPastWindow(t, id, window)
+	inputSent := len(b.requests(t, id, overage.DimensionInput))
+	res, err := b.resolver.Resolve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(res)
+	if fmt.Sprint(res.Dimensions) != "[output]" || res.Forced || res.PreviousStatus != overage.BillingStatusFailed {
+		t.Fatalf("resolution %+v", res)
+	}
+	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	if n := len(b.requests(t, id, overage.DimensionInput)); n != inputSent {
+		t.Fatalf("the accepted input dimension was sent again (%d more requests)", n-inputSent)
+	}
+	out := b.requests(t, id, overage.DimensionOutput)
+	if len(out) == 0 || out[len(out)-1].Outcome != emulator.OutcomeApplied {
+		t.Fatalf("output requests %+v", out)
+	}
+	for _, d := range overage.Dimensions {
+		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
+			t.Fatalf("%s applied %d times, want once", d, n)
+		}
+	}
+	if a := b.audit(t, id); len(a) != 1 || a[0].PreviousStatus != "failed" || !strings.Contains(*a[0].PreviousMessage, "No such customer") {
+		t.Fatalf("audit %+v", a)
+	}
+	requireAppliedEqualsBilled(t, b)
+}
+
+// Constructed by SQL (the real way needs a job caught mid-run): a failed
+// log whose report job is still queued. While that job runs, a resend is
+// refused (it may have read the log under review and be about to complete
+// without sending); once it is queued again, the resend reuses it rather
+// than adding a second job, and the workers bill the log once.
+func TestResendWaitsForARunningJobAndReusesALiveOne(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Options{}, 5, "cus_q")
+	ctx := context.Background()
+	id := b.record(t, "cus_q", 9, 0) // no workers yet: its job stays available
+	if _, err := b.pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = 'Stripe refused it (simulated)',
+		first_attempt_at = now() - interval '2 days' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	jobs := b.reportJobs(t, id)
+	if len(jobs) != 1 || jobs[0].State != "available" {
+		t.Fatalf("jobs %+v", jobs)
+	}
+	if _, err := b.pool.Exec(ctx, "UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() WHERE id = $1", jobs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	p := review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "customer fixed", Actor: "frank"}
+	_, err := b.resolver.Resolve(ctx, p)
+	if e := wantError(t, err, overage.ECONFLICT, "report-job-running"); e.RetryAfter <= 0 {
+		t.Fatalf("refusal %+v has no Retry-After", e)
+	}
+	if l := b.log(t, id); l.Status != overage.BillingStatusFailed || len(b.audit(t, id)) != 0 {
+		t.Fatalf("a refused resend changed something: %+v", l)
+	}
+
+	if _, err := b.pool.Exec(ctx, "UPDATE river_job SET state = 'available' WHERE id = $1", jobs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.resolver.Resolve(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ReportJob == nil || !res.ReportJob.Existing || res.ReportJob.ID != jobs[0].ID || len(b.reportJobs(t, id)) != 1 {
+		t.Fatalf("resolution %+v, jobs %+v", res, b.reportJobs(t, id))
+	}
+	if l := b.log(t, id); l.Status != overage.BillingStatusPending || l.FirstAttemptAt != nil {
+		t.Fatalf("log after resend %+v, want pending with a new window to start", l)
+	}
+	b.start(t, workers.Config{})
+	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	if n := b.emu.AppliedCount(overage.MeterEventKey(id, overage.DimensionInput)); n != 1 {
+		t.Fatalf("applied %d times, want once", n)
+	}
+	requireAppliedEqualsBilled(t, b)
+}
