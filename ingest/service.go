@@ -248,7 +248,7 @@ func (s *Service) insertLog(ctx context.Context, tx pgx.Tx, p RecordParams) (*ov
 		}
 	}
 	if l.BillingStatus == overage.BillingStatusPending {
-		if err := s.outbox.InsertReportTx(ctx, tx, l.ID); err != nil {
+		if _, err := s.outbox.InsertReportTx(ctx, tx, l.ID); err != nil {
 			return nil, err
 		}
 	}

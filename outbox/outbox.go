@@ -72,14 +72,15 @@ func NewInserter(client *river.Client[pgx.Tx], maxAttempts int) *Inserter {
 }
 
 // InsertReportTx queues the report of a usage log in tx. A live job for the
-// same log is returned instead of a second one.
-func (i *Inserter) InsertReportTx(ctx context.Context, tx pgx.Tx, usageLogID uuid.UUID) error {
+// same log is returned instead of a second one (UniqueSkippedAsDuplicate).
+func (i *Inserter) InsertReportTx(ctx context.Context, tx pgx.Tx, usageLogID uuid.UUID) (*rivertype.JobInsertResult, error) {
 	opts := ReportArgs{}.InsertOpts()
 	opts.MaxAttempts = i.maxAttempts
-	if _, err := i.client.InsertTx(ctx, tx, ReportArgs{UsageLogID: usageLogID}, &opts); err != nil {
-		return fmt.Errorf("insert report job for usage log %s: %w", usageLogID, err)
+	res, err := i.client.InsertTx(ctx, tx, ReportArgs{UsageLogID: usageLogID}, &opts)
+	if err != nil {
+		return nil, fmt.Errorf("insert report job for usage log %s: %w", usageLogID, err)
 	}
-	return nil
+	return res, nil
 }
 
 // SweepArgs asks a worker to requeue usage logs still unbilled after the

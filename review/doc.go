@@ -48,10 +48,10 @@
 //     sets the log pending with first_attempt_at cleared (the worker stamps
 //     a new one, so the window guard starts afresh) and keeps
 //     input/output_accepted_at, so a dimension Stripe already accepted is
-//     never sent again. Its report job is queued in the same transaction;
-//     finished report jobs of the log give up their River unique key so
-//     the new one is not skipped as a duplicate (see jobs.go), a live one
-//     is reused, and a resend is refused while one is running.
+//     never sent again. Its report job is queued in the same transaction
+//     (report jobs are unique only while live, so a finished one does not
+//     block it); a queued one is reused, and a resend is refused while one
+//     is running.
 //
 // What a resend after the window means: Stripe has forgotten the keys, so
 // if the earlier attempt was in fact applied, the resend bills it a second

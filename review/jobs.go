@@ -2,7 +2,6 @@ package review
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -13,22 +12,8 @@ import (
 	"github.com/overage-billing/overage/outbox"
 )
 
-// Report jobs are unique by usage log (outbox.ReportArgs) in River's
-// default unique states, which include "completed". A log under review
-// usually has a finished report job: completed (the worker parked it, or
-// ran after the sweep had parked it), cancelled (a permanent failure) or
-// discarded. Until River's cleaner deletes a completed job (a day later),
-// it would make outbox.Inserter.InsertReportTx skip the resend's job as a
-// duplicate, silently, and so would every sweep. So, in the resend's
-// transaction, the finished report jobs of the log give up their unique
-// key (the rows stay, for history, until River's cleaner removes them), and
-// a live job — one the sweep left queued — is reused. These statements
-// read and write River's river_job table directly: outbox.Inserter does not
-// say whether it inserted or skipped, and this package may not change it.
-
-// liveStates are the job states River's unique insert counts besides
-// completed: a job in one of them will still run.
-var liveStates = []string{"available", "pending", "retryable", "running", "scheduled"}
+// A resend reads River's river_job table for one thing only: whether a
+// report job of the log is running right now (refuseWhileJobRuns).
 
 func reportJobArgs(id uuid.UUID) map[string]string {
 	return map[string]string{"usage_log_id": id.String()}
@@ -54,47 +39,13 @@ func refuseWhileJobRuns(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	return nil
 }
 
-// queueReport makes sure a report job will send the log: a live one is
-// reused, otherwise one is inserted through the outbox, in tx.
+// queueReport queues the log's report job in tx. Report jobs are unique
+// only while live (outbox.ReportArgs), so a log that had a finished job gets
+// a new one, and a job still queued is reused rather than doubled.
 func queueReport(ctx context.Context, tx pgx.Tx, inserter *outbox.Inserter, id uuid.UUID) (*QueuedJob, error) {
-	kind, args := outbox.ReportArgs{}.Kind(), reportJobArgs(id)
-	live, err := liveReportJob(ctx, tx, kind, id)
+	res, err := inserter.InsertReportTx(ctx, tx, id)
 	if err != nil {
 		return nil, err
 	}
-	if live != nil {
-		live.Existing = true
-		return live, nil
-	}
-	if _, err := tx.Exec(ctx, `UPDATE river_job SET unique_key = NULL
-		WHERE kind = $1 AND args @> $2::jsonb AND state IN ('completed', 'cancelled', 'discarded') AND unique_key IS NOT NULL`,
-		kind, args); err != nil {
-		return nil, fmt.Errorf("release finished report jobs of usage log %s: %w", id, err)
-	}
-	if err := inserter.InsertReportTx(ctx, tx, id); err != nil {
-		return nil, err
-	}
-	job, err := liveReportJob(ctx, tx, kind, id)
-	if err != nil {
-		return nil, err
-	}
-	if job == nil {
-		return nil, fmt.Errorf("queue report job for usage log %s: River inserted none", id)
-	}
-	return job, nil
-}
-
-func liveReportJob(ctx context.Context, tx pgx.Tx, kind string, id uuid.UUID) (*QueuedJob, error) {
-	var j QueuedJob
-	err := tx.QueryRow(ctx, `SELECT id, state::text, scheduled_at FROM river_job
-		WHERE kind = $1 AND args @> $2::jsonb AND state::text = ANY($3)
-		ORDER BY id DESC LIMIT 1`, kind, reportJobArgs(id), liveStates).Scan(&j.ID, &j.State, &j.ScheduledAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read report jobs of usage log %s: %w", id, err)
-	}
-	j.ScheduledAt = j.ScheduledAt.UTC()
-	return &j, nil
+	return &QueuedJob{ID: res.Job.ID, State: string(res.Job.State), ScheduledAt: res.Job.ScheduledAt.UTC(), Existing: res.UniqueSkippedAsDuplicate}, nil
 }
