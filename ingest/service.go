@@ -7,8 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/dberr"
 	"github.com/overage-billing/overage/outbox"
 )
 
@@ -347,49 +346,7 @@ func isRetryable(err error) bool {
 	return false
 }
 
-// dbError turns a database failure into an application error: an
-// unreachable or overloaded database is EUNAVAILABLE (503, retry later;
-// nothing was stored), anything else stays internal.
+// dbError marks an unreachable database as EUNAVAILABLE (503).
 func dbError(err error) error {
-	if err == nil {
-		return nil
-	}
-	var appErr *overage.Error
-	if errors.As(err, &appErr) {
-		return err
-	}
-	if !isUnavailable(err) {
-		return err
-	}
-	return &unavailableError{cause: err}
-}
-
-// isUnavailable reports whether err says the database could not be
-// reached or could not serve, rather than that a statement was wrong.
-func isUnavailable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "08", "53", "57": // connection exception, insufficient resources, operator intervention
-			return true
-		}
-		return false
-	}
-	var connErr *pgconn.ConnectError
-	var netErr net.Error
-	return errors.As(err, &connErr) || errors.As(err, &netErr) ||
-		pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, context.DeadlineExceeded)
-}
-
-// unavailableError is EUNAVAILABLE with its cause kept for the log.
-type unavailableError struct{ cause error }
-
-func (e *unavailableError) Error() string { return "database unavailable: " + e.cause.Error() }
-func (e *unavailableError) Unwrap() []error {
-	return []error{e.cause, &overage.Error{
-		Code: overage.EUNAVAILABLE, Type: "service-unavailable",
-		Message: "the usage database is unreachable; nothing was recorded, retry with the same Idempotency-Key", RetryAfter: 5 * time.Second,
-	}}
+	return dberr.Classify(err, "the usage database is unreachable; nothing was recorded, retry with the same Idempotency-Key")
 }

@@ -179,6 +179,19 @@ func apply(ctx context.Context, conn *pgx.Conn, m Migration) error {
 		if _, err := conn.Exec(ctx, m.SQL); err != nil {
 			return fmt.Errorf("apply migration %04d_%s: %w", m.Version, m.Name, err)
 		}
+		// A CONCURRENTLY build that failed half way leaves an INVALID index
+		// that IF NOT EXISTS would then keep: never record such a file.
+		var invalid []string
+		rows, err := conn.Query(ctx, `SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid`)
+		if err == nil {
+			invalid, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return fmt.Errorf("check indexes after migration %04d_%s: %w", m.Version, m.Name, err)
+		}
+		if len(invalid) > 0 {
+			return fmt.Errorf("migration %04d_%s left invalid index(es) %v: drop them (DROP INDEX CONCURRENTLY) and run overage migrate again", m.Version, m.Name, invalid)
+		}
 		if err := record(ctx, conn); err != nil {
 			return fmt.Errorf("record migration %04d_%s: %w", m.Version, m.Name, err)
 		}

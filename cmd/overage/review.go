@@ -127,4 +127,3 @@ func currentUser() string {
 	}
 	return ""
 }
-

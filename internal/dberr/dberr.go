@@ -1,0 +1,66 @@
+// Package dberr classifies database failures for the HTTP layer: an
+// unreachable or overloaded PostgreSQL is EUNAVAILABLE (503, retry later,
+// nothing was stored), anything else stays what it was (an application
+// error, or internal: 500 with the cause logged and never shown).
+package dberr
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/overage-billing/overage"
+)
+
+// RetryAfter is the Retry-After of a 503: the database is usually back
+// within seconds (a failover, a restart).
+const RetryAfter = 5 * time.Second
+
+// Classify returns err, marked EUNAVAILABLE when it says the database could
+// not be reached or could not serve; message is what the client reads.
+func Classify(err error, message string) error {
+	if err == nil {
+		return nil
+	}
+	var appErr *overage.Error
+	if errors.As(err, &appErr) || !IsUnavailable(err) {
+		return err
+	}
+	return &unavailableError{cause: err, message: message}
+}
+
+// IsUnavailable reports whether err says the database could not be reached
+// or could not serve, rather than that a statement was wrong.
+func IsUnavailable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "53", "57": // connection exception, insufficient resources, operator intervention
+			return true
+		}
+		return false
+	}
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connErr) || errors.As(err, &netErr) ||
+		pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, context.DeadlineExceeded)
+}
+
+// unavailableError is EUNAVAILABLE with its cause kept for the log.
+type unavailableError struct {
+	cause   error
+	message string
+}
+
+func (e *unavailableError) Error() string { return "database unavailable: " + e.cause.Error() }
+func (e *unavailableError) Unwrap() []error {
+	return []error{e.cause, &overage.Error{
+		Code: overage.EUNAVAILABLE, Type: "service-unavailable", Message: e.message, RetryAfter: RetryAfter,
+	}}
+}
