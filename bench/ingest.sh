@@ -40,3 +40,10 @@ psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)
 DRAIN_URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/${BENCH_DB}_drain').geturl())" "$PGHOST_URL")
 ./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
 go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-50000}"
+
+# Status: GET /v1/billing/status over real HTTP on 10 million usage logs
+# across 1,000 tenants, seeded with COPY (STATUS_LOGS shrinks it).
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_status WITH (FORCE)"
+STATUS_URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/${BENCH_DB}_status').geturl())" "$PGHOST_URL")
+go run ./bench/status -database-url "$STATUS_URL" -create -logs "${STATUS_LOGS:-10000000}"
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_status WITH (FORCE)"

@@ -215,24 +215,35 @@ func (s *Service) insertLog(ctx context.Context, tx pgx.Tx, p RecordParams) (*ov
 	// overage of a dimension is the part of this event above the allowance:
 	// max(0, total - allowance) - max(0, total - tokens - allowance), which
 	// splits an event that crosses the allowance exactly.
+	//
+	// The period is the tenant's Stripe subscription period covering the
+	// timestamp when the webhooks told us one (tenant_subscriptions), else
+	// $9, the calendar month: chosen in the same statement, no extra round
+	// trip.
 	row := tx.QueryRow(ctx, `
-		WITH total AS (
+		WITH period AS (
+			SELECT coalesce((
+				SELECT s.current_period_start FROM tenant_subscriptions s
+				WHERE s.tenant_id = $2 AND s.current_period_start <= $4 AND $4 < s.current_period_end
+				ORDER BY s.current_period_start DESC LIMIT 1), $9) AS start
+		), total AS (
 			INSERT INTO allowance_usage AS a (tenant_id, period_start, input_tokens, output_tokens)
-			VALUES ($2, $9, $7, $8)
+			SELECT $2, period.start, $7, $8 FROM period
 			ON CONFLICT (tenant_id, period_start) DO UPDATE
 			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
 			    output_tokens = a.output_tokens + EXCLUDED.output_tokens
-			RETURNING a.input_tokens, a.output_tokens
+			RETURNING a.period_start, a.input_tokens, a.output_tokens
 		), over AS (
 			SELECT greatest(0, total.input_tokens - t.included_input_tokens)
 			         - greatest(0, total.input_tokens - $7 - t.included_input_tokens) AS input,
 			       greatest(0, total.output_tokens - t.included_output_tokens)
-			         - greatest(0, total.output_tokens - $8 - t.included_output_tokens) AS output
+			         - greatest(0, total.output_tokens - $8 - t.included_output_tokens) AS output,
+			       total.period_start
 			FROM total, tenants t WHERE t.id = $2
 		)
 		INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, over.input, over.output,
+		SELECT $1, $2, $3, $4, $5, $6, $7, $8, over.period_start, over.input, over.output,
 			CASE WHEN over.input > 0 OR over.output > 0 THEN 'pending' ELSE 'not_billable' END
 		FROM over
 		RETURNING `+logColumns,
@@ -254,8 +265,9 @@ func (s *Service) insertLog(ctx context.Context, tx pgx.Tx, p RecordParams) (*ov
 	return l, nil
 }
 
-// periodStart is the allowance period of a usage timestamp: its calendar
-// month in UTC.
+// periodStart is the default allowance period of a usage timestamp: its
+// calendar month in UTC. A Stripe subscription period covering the
+// timestamp, when the webhooks told us one, takes precedence (insertLog).
 func periodStart(ts time.Time) time.Time {
 	ts = ts.UTC()
 	return time.Date(ts.Year(), ts.Month(), 1, 0, 0, 0, 0, time.UTC)

@@ -21,6 +21,9 @@ import (
 const (
 	QueueReport      = "report"
 	QueueMaintenance = "maintenance"
+	// QueueWebhooks must run with MaxWorkers 1: Stripe events are applied
+	// one at a time, in arrival order.
+	QueueWebhooks = "webhooks"
 )
 
 // ReportArgs asks a worker to send a usage log's overage to Stripe.
@@ -92,5 +95,43 @@ func (SweepArgs) Kind() string { return "overage.sweep" }
 
 // InsertOpts implements river.JobArgsWithInsertOpts.
 func (SweepArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: QueueMaintenance}
+}
+
+// ProcessWebhookArgs asks the webhook processor to apply stored Stripe
+// events in arrival order, up to and including the event with this seq.
+// The event row's processed_at, not this job, records what was done.
+type ProcessWebhookArgs struct {
+	Seq int64 `json:"seq" river:"unique"`
+}
+
+// Kind implements river.JobArgs.
+func (ProcessWebhookArgs) Kind() string { return "overage.process_stripe_webhook" }
+
+// InsertOpts makes the job unique by its event while it is live, so a
+// duplicate delivery of an unprocessed event adds a job only when none is
+// left to process it.
+func (ProcessWebhookArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{
+		Queue: QueueWebhooks,
+		// Transient failures (the database) are retried for about a day;
+		// every later delivery and every later event's job also drains it.
+		MaxAttempts: 25,
+		UniqueOpts: river.UniqueOpts{ByArgs: true, ByState: []rivertype.JobState{
+			rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable,
+			rivertype.JobStateRunning, rivertype.JobStateScheduled,
+		}},
+	}
+}
+
+// ExpireWebhookEventsArgs asks a worker to delete webhook events past their
+// retention, in bounded batches.
+type ExpireWebhookEventsArgs struct{}
+
+// Kind implements river.JobArgs.
+func (ExpireWebhookEventsArgs) Kind() string { return "overage.expire_webhook_events" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts.
+func (ExpireWebhookEventsArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{Queue: QueueMaintenance}
 }

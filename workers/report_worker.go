@@ -81,6 +81,8 @@ type reportLog struct {
 	firstAttempt time.Time
 	// remaining is how long sends may still go out, by the database clock.
 	remaining time.Duration
+	// suspended is the tenant's suspension reason (customer.deleted), if any.
+	suspended *string
 }
 
 // Work implements river.Worker.
@@ -94,6 +96,9 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 	}
 	if err != nil {
 		return err
+	}
+	if l.suspended != nil {
+		return w.suspended(ctx, id, *l.suspended)
 	}
 	if l.remaining <= 0 {
 		return w.needsReview(ctx, job, l.firstAttempt)
@@ -163,12 +168,13 @@ func (w *ReportWorker) begin(ctx context.Context, id uuid.UUID) (*reportLog, err
 	l := &reportLog{accepted: map[overage.Dimension]bool{}}
 	var inAt, outAt *time.Time
 	var remaining float64
-	err := w.pool.QueryRow(ctx, `UPDATE usage_logs u SET first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now()
+	err := w.pool.QueryRow(ctx, `UPDATE usage_logs u SET first_attempt_at = CASE WHEN t.suspended_at IS NULL THEN coalesce(u.first_attempt_at, now()) ELSE u.first_attempt_at END, updated_at = now()
 		FROM tenants t WHERE u.id = $1 AND t.id = u.tenant_id AND u.billing_status = 'pending'
 		RETURNING t.stripe_customer_id, u.ts, u.overage_input_tokens, u.overage_output_tokens,
-			u.input_accepted_at, u.output_accepted_at, u.first_attempt_at,
-			extract(epoch FROM u.first_attempt_at + make_interval(secs => $2) - now())::float8`, id, w.window.cutoff().Seconds()).
-		Scan(&l.customerID, &l.timestamp, &l.overage.InputTokens, &l.overage.OutputTokens, &inAt, &outAt, &l.firstAttempt, &remaining)
+			u.input_accepted_at, u.output_accepted_at, coalesce(u.first_attempt_at, now()),
+			coalesce(extract(epoch FROM u.first_attempt_at + make_interval(secs => $2) - now())::float8, 0),
+			CASE WHEN t.suspended_at IS NOT NULL THEN coalesce(t.suspended_reason, 'tenant suspended') END`, id, w.window.cutoff().Seconds()).
+		Scan(&l.customerID, &l.timestamp, &l.overage.InputTokens, &l.overage.OutputTokens, &inAt, &outAt, &l.firstAttempt, &remaining, &l.suspended)
 	if err != nil {
 		return nil, fmt.Errorf("begin report of usage log %s: %w", id, err)
 	}
@@ -176,6 +182,19 @@ func (w *ReportWorker) begin(ctx context.Context, id uuid.UUID) (*reportLog, err
 	l.accepted[overage.DimensionOutput] = outAt != nil
 	l.remaining = seconds(remaining)
 	return l, nil
+}
+
+// suspended fails the log of a suspended tenant (its Stripe customer was
+// deleted) with the suspension reason and cancels the job: no retry can
+// bill a customer Stripe no longer has. Nothing is sent. An operator may
+// still resolve the log (overage review).
+func (w *ReportWorker) suspended(ctx context.Context, id uuid.UUID, reason string) error {
+	if _, err := w.pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = $2, updated_at = now()
+		WHERE id = $1 AND billing_status = 'pending'`, id, reason); err != nil {
+		return fmt.Errorf("mark usage log %s failed: %w", id, err)
+	}
+	w.logger.WarnContext(ctx, "usage log failed: tenant suspended", "usage_log_id", id, "reason", reason)
+	return river.JobCancel(errors.New(reason))
 }
 
 // sendFailed decides what a failed send means for the log and the job.

@@ -1,12 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -167,10 +167,10 @@ func TestChaos(t *testing.T) {
 		"REPORT_WORKERS=20",
 		"LOG_LEVEL=warn",
 	)
-	startWorker := func() (*exec.Cmd, *bytes.Buffer) {
+	startWorker := func(extraEnv ...string) (*exec.Cmd, *syncBuffer) {
 		cmd := exec.Command(os.Args[0])
-		var stderr bytes.Buffer
-		cmd.Env = append(workerEnv, childEnv+"=work")
+		var stderr syncBuffer
+		cmd.Env = append(append(workerEnv, childEnv+"=work"), extraEnv...)
 		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -198,13 +198,45 @@ func TestChaos(t *testing.T) {
 		t.Logf("killed the worker with %d of %d billable logs billed; its stderr:\n%s", count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'"), billable, tail(stderr.String(), 5))
 	}
 
-	cmd, stderr := startWorker()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	healthAddr := ln.Addr().String()
+	_ = ln.Close()
+	cmd, stderr := startWorker("WORK_LISTEN_ADDR=" + healthAddr)
 	deadline := time.Now().Add(4 * time.Minute)
 	for count("SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'") > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("logs still pending after 4 minutes; worker stderr:\n%s", tail(stderr.String(), 20))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// The work process serves its health and metrics, which moved with the
+	// reports it made.
+	metricsBody := ""
+	for range 100 {
+		res, err := http.Get("http://" + healthAddr + "/metrics")
+		if err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			metricsBody = string(b)
+			if strings.Contains(metricsBody, "overage_pending_usage_logs 0") {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, want := range []string{`overage_stripe_calls_total{outcome="accepted"}`, "overage_pending_usage_logs 0", "overage_stripe_call_duration_seconds_count"} {
+		if !strings.Contains(metricsBody, want) {
+			t.Fatalf("work /metrics lacks %q:\n%s", want, tail(metricsBody, 40))
+		}
+	}
+	if res, err := http.Get("http://" + healthAddr + "/healthz"); err != nil || res.StatusCode != http.StatusOK {
+		t.Fatalf("work /healthz: %v", err)
+	}
+	if strings.Contains(stderr.String(), "sk_test_123") {
+		t.Fatal("the Stripe key reached the work log")
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

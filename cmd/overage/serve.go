@@ -25,6 +25,7 @@ import (
 	"github.com/overage-billing/overage/metrics"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
+	"github.com/overage-billing/overage/webhooks"
 )
 
 // shutdownTimeout bounds how long in-flight requests may take to finish
@@ -108,6 +109,7 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 				Observer: metrics.NewIngest(reg),
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: pool, AdminToken: cfg.AdminToken, Logger: logger}),
+			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		RiverUI:    ui,

@@ -1,0 +1,127 @@
+package webhooks
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/overage-billing/overage/outbox"
+)
+
+// Retention is how long webhook events are kept. Stripe redelivers an
+// event for at most three days, so a row deleted after a year cannot let a
+// redelivery be applied twice.
+const Retention = 365 * 24 * time.Hour
+
+// retentionBatch bounds each DELETE (locks, WAL).
+const retentionBatch = 5000
+
+// Reaper deletes processed webhook events older than Retention, batch by
+// batch, by the database clock, and requeues processing of events left
+// without a job (Requeue). An unprocessed event is never deleted: it
+// is still owed its effect (and is logged, since a year-old backlog means
+// the processor is stuck).
+type Reaper struct {
+	river.WorkerDefaults[outbox.ExpireWebhookEventsArgs]
+	pool      *pgxpool.Pool
+	logger    *slog.Logger
+	retention time.Duration
+}
+
+// NewReaper returns the retention worker (queue maintenance).
+func NewReaper(pool *pgxpool.Pool, logger *slog.Logger) *Reaper {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Reaper{pool: pool, logger: logger, retention: Retention}
+}
+
+// Work implements river.Worker.
+func (w *Reaper) Work(ctx context.Context, _ *river.Job[outbox.ExpireWebhookEventsArgs]) error {
+	n, err := w.Expire(ctx)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		w.logger.InfoContext(ctx, "expired webhook events deleted", "count", n)
+	}
+	rc, err := river.ClientFromContextSafely[pgx.Tx](ctx)
+	if err != nil {
+		return fmt.Errorf("river client: %w", err)
+	}
+	if err := w.Requeue(ctx, rc); err != nil {
+		return err
+	}
+	var stuck int64
+	if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM stripe_webhook_events
+		WHERE processed_at IS NULL AND received_at < now() - make_interval(secs => $1)`, w.retention.Seconds()).Scan(&stuck); err != nil {
+		return fmt.Errorf("count unprocessed expired webhook events: %w", err)
+	}
+	if stuck > 0 {
+		w.logger.ErrorContext(ctx, "webhook events past retention were never processed; kept", "count", stuck)
+	}
+	return nil
+}
+
+// Requeue queues a processing job for the newest event left unprocessed
+// for over a minute (a job that drains everything before it), in case an
+// event's job was lost and neither a redelivery nor a later event has
+// queued one. River skips it while an equal job is live.
+func (w *Reaper) Requeue(ctx context.Context, rc *river.Client[pgx.Tx]) error {
+	var seq *int64
+	if err := w.pool.QueryRow(ctx, `SELECT max(seq) FROM stripe_webhook_events
+		WHERE processed_at IS NULL AND received_at < now() - interval '1 minute'`).Scan(&seq); err != nil {
+		return fmt.Errorf("find unprocessed webhook events: %w", err)
+	}
+	if seq == nil {
+		return nil
+	}
+	if _, err := rc.Insert(ctx, outbox.ProcessWebhookArgs{Seq: *seq}, nil); err != nil {
+		return fmt.Errorf("requeue webhook events up to %d: %w", *seq, err)
+	}
+	return nil
+}
+
+// Expire deletes expired processed events and returns how many.
+func (w *Reaper) Expire(ctx context.Context) (int64, error) {
+	total := int64(0)
+	for {
+		tag, err := w.pool.Exec(ctx, `DELETE FROM stripe_webhook_events WHERE seq IN (
+			SELECT seq FROM stripe_webhook_events
+			WHERE received_at < now() - make_interval(secs => $1) AND processed_at IS NOT NULL
+			LIMIT $2)`, w.retention.Seconds(), retentionBatch)
+		if err != nil {
+			return total, fmt.Errorf("delete expired webhook events: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < retentionBatch {
+			return total, nil
+		}
+	}
+}
+
+// AddWorkers registers the processor and the reaper on ws.
+func AddWorkers(ws *river.Workers, pool *pgxpool.Pool, logger *slog.Logger) error {
+	if err := river.AddWorkerSafely(ws, NewProcessor(pool, logger)); err != nil {
+		return fmt.Errorf("add webhook processor: %w", err)
+	}
+	if err := river.AddWorkerSafely(ws, NewReaper(pool, logger)); err != nil {
+		return fmt.Errorf("add webhook reaper: %w", err)
+	}
+	return nil
+}
+
+// QueueConfig is the webhooks queue: one worker, so events apply in order.
+func QueueConfig() river.QueueConfig { return river.QueueConfig{MaxWorkers: 1} }
+
+// PeriodicRetentionJob runs the reaper every interval (and on start).
+func PeriodicRetentionJob(interval time.Duration) *river.PeriodicJob {
+	return river.NewPeriodicJob(river.PeriodicInterval(interval),
+		func() (river.JobArgs, *river.InsertOpts) { return outbox.ExpireWebhookEventsArgs{}, nil },
+		&river.PeriodicJobOpts{ID: "expire_webhook_events", RunOnStart: true})
+}

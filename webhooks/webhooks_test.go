@@ -1,0 +1,566 @@
+package webhooks_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/stripe/stripe-go/v79/webhook"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/api"
+	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/stripeclient/emulator"
+	"github.com/overage-billing/overage/tenants"
+	"github.com/overage-billing/overage/webhooks"
+	"github.com/overage-billing/overage/workers"
+)
+
+const secret = "whsec_test_secret"
+
+type harness struct {
+	pool    *pgxpool.Pool
+	rc      *river.Client[pgx.Tx] // insert-only, as in `serve`
+	handler *webhooks.Handler
+	url     string
+}
+
+func setup(t *testing.T) *harness {
+	t.Helper()
+	pool, _ := pgtest.NewPool(t)
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: secret})
+	srv := httptest.NewServer(api.NewRouter(api.Config{DB: pool, Handlers: []api.Mounter{h}}))
+	t.Cleanup(srv.Close)
+	return &harness{pool: pool, rc: rc, handler: h, url: srv.URL + "/v1/webhooks/stripe"}
+}
+
+// startProcessor runs a River client working the webhooks queue, as `work`
+// does; the returned func stops it (a "crash" or a restart).
+func (h *harness) startProcessor(t *testing.T) func() {
+	t.Helper()
+	ws := river.NewWorkers()
+	if err := webhooks.AddWorkers(ws, h.pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := river.NewClient(riverpgxv5.New(h.pool), &river.Config{
+		Workers:           ws,
+		Queues:            map[string]river.QueueConfig{outbox.QueueWebhooks: webhooks.QueueConfig()},
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var stopped atomic.Bool
+	stop := func() {
+		if stopped.CompareAndSwap(false, true) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := c.Stop(ctx); err != nil {
+				t.Errorf("stop river: %v", err)
+			}
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func (h *harness) tenant(t *testing.T, cus string, includedInput int64) *tenants.Created {
+	t.Helper()
+	tn, err := tenants.NewStore(h.pool).Create(context.Background(), tenants.CreateParams{Name: cus, StripeCustomerID: cus, IncludedInputTokens: includedInput})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tn
+}
+
+// eventJSON renders a Stripe event. account "" is the platform.
+func eventJSON(id, account, typ string, created time.Time, obj any) []byte {
+	ev := map[string]any{
+		"id": id, "object": "event", "api_version": "2024-06-20", "created": created.Unix(),
+		"type": typ, "livemode": false, "pending_webhooks": 1, "data": map[string]any{"object": obj},
+	}
+	if account != "" {
+		ev["account"] = account
+	}
+	b, _ := json.Marshal(ev)
+	return b
+}
+
+func subscription(id, cus, status string, start, end time.Time) map[string]any {
+	return map[string]any{"id": id, "object": "subscription", "customer": cus, "status": status,
+		"current_period_start": start.Unix(), "current_period_end": end.Unix()}
+}
+
+// post delivers body signed with sec at ts (the Stripe-Signature header
+// omitted when sec is empty) and returns the status and body.
+func (h *harness) post(t *testing.T, body []byte, sec string, ts time.Time) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, h.url, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if sec != "" {
+		sp := webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: body, Secret: sec, Timestamp: ts})
+		req.Header.Set("Stripe-Signature", sp.Header)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func (h *harness) deliver(t *testing.T, body []byte) {
+	t.Helper()
+	if st, b := h.post(t, body, secret, time.Now()); st != http.StatusOK {
+		t.Fatalf("delivery answered %d %s, want 200", st, b)
+	}
+}
+
+func (h *harness) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := h.pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+func (h *harness) webhookJobs(t *testing.T) int {
+	return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1`, outbox.ProcessWebhookArgs{}.Kind())
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *harness) waitAllProcessed(t *testing.T, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d processed events", n), func() bool {
+		return h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NOT NULL`) == n &&
+			h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NULL`) == 0
+	})
+}
+
+func TestValidDeliveryIsStoredQueuedAndApplied(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	tn := h.tenant(t, "cus_valid", 0)
+	start := time.Now().Add(-time.Hour).Truncate(time.Second)
+	h.deliver(t, eventJSON("evt_valid", "", "customer.subscription.created", time.Now(),
+		subscription("sub_1", "cus_valid", "active", start, start.Add(30*24*time.Hour))))
+	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_valid' AND account = 'platform'
+		AND type = 'customer.subscription.created' AND api_version = '2024-06-20' AND processed_at IS NULL`); n != 1 {
+		t.Fatalf("%d stored rows, want 1 unprocessed", n)
+	}
+	if n := h.webhookJobs(t); n != 1 {
+		t.Fatalf("%d webhook jobs, want 1", n)
+	}
+	h.startProcessor(t)
+	h.waitAllProcessed(t, 1)
+	var status string
+	var ps time.Time
+	if err := h.pool.QueryRow(context.Background(), `SELECT status, current_period_start FROM tenant_subscriptions WHERE tenant_id = $1`, tn.ID).Scan(&status, &ps); err != nil {
+		t.Fatal(err)
+	}
+	if status != "active" || !ps.Equal(start) {
+		t.Fatalf("subscription %s from %s, want active from %s", status, ps, start)
+	}
+}
+
+func TestRefusedDeliveriesWriteNothing(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	body := eventJSON("evt_refused", "", "customer.deleted", time.Now(), map[string]any{"id": "cus_x"})
+	big := append([]byte(`{"id":"evt_big","pad":"`), bytes.Repeat([]byte("a"), webhooks.MaxBodyBytes)...)
+	big = append(big, `"}`...)
+	sp := webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: body, Secret: secret})
+	tampered := bytes.Replace(body, []byte("cus_x"), []byte("cus_y"), 1)
+	for _, c := range []struct {
+		name   string
+		body   []byte
+		header string
+		want   int
+	}{
+		{"unsigned", body, "", http.StatusBadRequest},
+		{"tampered", tampered, sp.Header, http.StatusBadRequest},
+		{"wrong secret", body, webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: body, Secret: "whsec_other"}).Header, http.StatusBadRequest},
+		{"stale (10 minutes old)", body, webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: body, Secret: secret, Timestamp: time.Now().Add(-10 * time.Minute)}).Header, http.StatusBadRequest},
+		{"garbage header", body, "t=abc,v1=zz", http.StatusBadRequest},
+		{"oversized", big, webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: big, Secret: secret}).Header, http.StatusRequestEntityTooLarge},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, h.url, bytes.NewReader(c.body))
+		if c.header != "" {
+			req.Header.Set("Stripe-Signature", c.header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.want || !strings.Contains(resp.Header.Get("Content-Type"), "problem+json") {
+			t.Errorf("%s: %d %s %s, want %d problem", c.name, resp.StatusCode, resp.Header.Get("Content-Type"), b, c.want)
+		}
+	}
+	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events`); n != 0 {
+		t.Fatalf("%d rows stored from refused deliveries", n)
+	}
+	if n := h.webhookJobs(t); n != 0 {
+		t.Fatalf("%d jobs queued from refused deliveries", n)
+	}
+
+	// No secret configured: everything is refused, 503 so Stripe retries.
+	rc, _ := river.NewClient(riverpgxv5.New(h.pool), &river.Config{})
+	srv := httptest.NewServer(api.NewRouter(api.Config{DB: h.pool, Handlers: []api.Mounter{webhooks.NewHandler(webhooks.HandlerConfig{Pool: h.pool, River: rc})}}))
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/webhooks/stripe", bytes.NewReader(body))
+	req.Header.Set("Stripe-Signature", webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: body, Secret: ""}).Header)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("without a secret: %d, want 503", resp.StatusCode)
+	}
+}
+
+func TestSameDeliveryTwiceIsProcessedOnce(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	body := eventJSON("evt_dup", "", "billing.meter.error_report_triggered", time.Now(),
+		map[string]any{"id": "mtr_1", "object": "billing.meter"})
+	h.deliver(t, body)
+	h.deliver(t, body) // before processing: the live job is reused
+	if n := h.webhookJobs(t); n != 1 {
+		t.Fatalf("%d jobs, want 1", n)
+	}
+	h.startProcessor(t)
+	h.waitAllProcessed(t, 1)
+	var first time.Time
+	if err := h.pool.QueryRow(context.Background(), `SELECT processed_at FROM stripe_webhook_events`).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the job to complete", func() bool {
+		return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, outbox.ProcessWebhookArgs{}.Kind()) == 1
+	})
+	h.deliver(t, body) // after processing: nothing new
+	if n := h.webhookJobs(t); n != 1 {
+		t.Fatalf("%d jobs after a redelivery of a processed event, want 1", n)
+	}
+	var again time.Time
+	if err := h.pool.QueryRow(context.Background(), `SELECT processed_at FROM stripe_webhook_events`).Scan(&again); err != nil {
+		t.Fatal(err)
+	}
+	if !again.Equal(first) || h.count(t, `SELECT count(*) FROM stripe_webhook_events`) != 1 {
+		t.Fatal("the redelivery was stored or processed again")
+	}
+	if n := h.count(t, `SELECT count(*) FROM meter_error_reports WHERE meter_id = 'mtr_1'`); n != 1 {
+		t.Fatalf("%d meter error reports, want 1", n)
+	}
+}
+
+func TestSameEventIDForTwoAccountsIsProcessedTwice(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	h.deliver(t, eventJSON("evt_shared", "", "invoice.paid", time.Now(), map[string]any{"id": "in_1"}))
+	h.deliver(t, eventJSON("evt_shared", "acct_connected", "invoice.paid", time.Now(), map[string]any{"id": "in_1"}))
+	h.startProcessor(t)
+	h.waitAllProcessed(t, 2)
+	if n := h.count(t, `SELECT count(DISTINCT account) FROM stripe_webhook_events WHERE event_id = 'evt_shared' AND processed_at IS NOT NULL AND process_outcome = 'ignored'`); n != 2 {
+		t.Fatalf("%d accounts processed, want 2", n)
+	}
+}
+
+func TestStoredButUnprocessedEventIsProcessedAfterACrash(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	h.tenant(t, "cus_crash", 0)
+	body := eventJSON("evt_crash", "", "customer.deleted", time.Now(), map[string]any{"id": "cus_crash", "object": "customer"})
+	h.deliver(t, body)
+	// The process dies before the job runs and the job is lost (cleaned up,
+	// discarded): the row alone says it is not done.
+	if _, err := h.pool.Exec(context.Background(), `DELETE FROM river_job`); err != nil {
+		t.Fatal(err)
+	}
+	stop := h.startProcessor(t)
+	time.Sleep(200 * time.Millisecond)
+	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NULL`); n != 1 {
+		t.Fatal("processed without a job?")
+	}
+	stop()
+	// Stripe redelivers: the duplicate gets a job, the restarted worker applies it.
+	res, err := h.handler.Store(context.Background(), webhooks.StoredEvent{ID: "evt_crash", Account: webhooks.PlatformAccount, Type: "customer.deleted", Payload: body})
+	if err != nil || !res.Duplicate || !res.Requeued {
+		t.Fatalf("redelivery: %+v %v, want a requeued duplicate", res, err)
+	}
+	h.startProcessor(t)
+	h.waitAllProcessed(t, 1)
+	if n := h.count(t, `SELECT count(*) FROM tenants WHERE stripe_customer_id = 'cus_crash' AND suspended_at IS NOT NULL`); n != 1 {
+		t.Fatal("tenant not suspended")
+	}
+
+	// Without any redelivery: a row with no job is applied, in order, by
+	// the next event's job.
+	if _, err := h.pool.Exec(context.Background(), `INSERT INTO stripe_webhook_events (event_id, account, type, payload)
+		VALUES ('evt_orphan', 'platform', 'invoice.paid', '{}')`); err != nil {
+		t.Fatal(err)
+	}
+	h.deliver(t, eventJSON("evt_next", "", "invoice.paid", time.Now(), map[string]any{"id": "in_2"}))
+	h.waitAllProcessed(t, 3)
+	requireProcessedInSeqOrder(t, h)
+
+	// Nothing arrives after it: the periodic reaper's requeue applies it.
+	if _, err := h.pool.Exec(context.Background(), `INSERT INTO stripe_webhook_events (event_id, account, type, payload, received_at)
+		VALUES ('evt_lonely', 'platform', 'invoice.paid', '{}', now() - interval '2 minutes')`); err != nil {
+		t.Fatal(err)
+	}
+	if err := webhooks.NewReaper(h.pool, nil).Requeue(context.Background(), h.rc); err != nil {
+		t.Fatal(err)
+	}
+	h.waitAllProcessed(t, 4)
+}
+
+func requireProcessedInSeqOrder(t *testing.T, h *harness) {
+	t.Helper()
+	rows, err := h.pool.Query(context.Background(), `SELECT seq FROM stripe_webhook_events ORDER BY processed_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] < seqs[i-1] {
+			t.Fatalf("processed in order %v, want arrival (seq) order", seqs)
+		}
+	}
+}
+
+func TestEventsAreProcessedInArrivalOrderWhateverTheJobOrder(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	tn := h.tenant(t, "cus_order", 0)
+	start := time.Now().Add(-time.Hour).Truncate(time.Second)
+	now := time.Now()
+	// Same Stripe created second: only arrival order decides the result.
+	for i, st := range []string{"trialing", "past_due", "active"} {
+		h.deliver(t, eventJSON(fmt.Sprintf("evt_o%d", i), "", "customer.subscription.updated", now,
+			subscription("sub_o", "cus_order", st, start, start.Add(time.Duration(i+1)*24*time.Hour))))
+	}
+	// The last event's job runs first; the others' much later.
+	if tag, err := h.pool.Exec(context.Background(), `UPDATE river_job SET scheduled_at = now() + interval '1 hour', state = 'scheduled'
+		WHERE (args->>'seq')::bigint < (SELECT max(seq) FROM stripe_webhook_events)`); err != nil || tag.RowsAffected() != 2 {
+		t.Fatalf("postpone the first two jobs: %v %v", tag, err)
+	}
+	h.startProcessor(t)
+	h.waitAllProcessed(t, 3)
+	requireProcessedInSeqOrder(t, h)
+	var status string
+	if err := h.pool.QueryRow(context.Background(), `SELECT status FROM tenant_subscriptions WHERE tenant_id = $1`, tn.ID).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "active" {
+		t.Fatalf("status %s, want the last arrival's active", status)
+	}
+}
+
+func record(t *testing.T, svc *ingest.Service, pool *pgxpool.Pool, tenant uuid.UUID, ts time.Time, in int64) (overage.UsageLog, time.Time) {
+	t.Helper()
+	key := uuid.NewString()
+	o, err := svc.Record(context.Background(), ingest.RecordParams{TenantID: tenant, Key: key, Fingerprint: []byte(key),
+		Event: &ingest.Event{Timestamp: ts, UserID: "u", ModelID: "m", InputTokens: in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l overage.UsageLog
+	if err := json.Unmarshal(o.Body, &l); err != nil {
+		t.Fatal(err)
+	}
+	var period time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT period_start FROM usage_logs WHERE id = $1`, l.ID).Scan(&period); err != nil {
+		t.Fatal(err)
+	}
+	return l, period
+}
+
+func TestSubscriptionUpdateMovesTheAllowancePeriod(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	tn := h.tenant(t, "cus_period", 500)
+	svc := ingest.NewService(h.pool, outbox.NewInserter(h.rc, 5))
+	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond)
+	month := time.Date(ts.Year(), ts.Month(), 1, 0, 0, 0, 0, time.UTC)
+
+	l, period := record(t, svc, h.pool, tn.ID, ts, 400)
+	if l.Overage.InputTokens != 0 || !period.Equal(month) {
+		t.Fatalf("before any subscription: overage %d in period %s, want 0 in %s", l.Overage.InputTokens, period, month)
+	}
+
+	subStart := time.Now().Add(-time.Hour).Truncate(time.Second).UTC()
+	h.deliver(t, eventJSON("evt_period", "", "customer.subscription.updated", time.Now(),
+		subscription("sub_p", "cus_period", "active", subStart, subStart.Add(30*24*time.Hour))))
+	h.startProcessor(t)
+	h.waitAllProcessed(t, 1)
+
+	// The new period's running total starts from zero: in the calendar
+	// month this 400 would have crossed the 500 allowance by 300.
+	l, period = record(t, svc, h.pool, tn.ID, ts, 400)
+	if !period.Equal(subStart) || l.Overage.InputTokens != 0 {
+		t.Fatalf("after the update: overage %d in period %s, want 0 in %s", l.Overage.InputTokens, period, subStart)
+	}
+	l, _ = record(t, svc, h.pool, tn.ID, ts, 200)
+	if l.Overage.InputTokens != 100 || l.BillingStatus != overage.BillingStatusPending {
+		t.Fatalf("crossing the period's allowance: overage %d (%s), want 100 pending", l.Overage.InputTokens, l.BillingStatus)
+	}
+	// Usage before the subscription period stays in the calendar month.
+	_, period = record(t, svc, h.pool, tn.ID, subStart.Add(-time.Minute), 1)
+	if !period.Equal(time.Date(subStart.Add(-time.Minute).Year(), subStart.Add(-time.Minute).Month(), 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatalf("usage before the period went to %s", period)
+	}
+}
+
+func TestDeletedCustomerSuspendsTenantAndItsReportsFail(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	gone := h.tenant(t, "cus_gone", 0)
+	ok := h.tenant(t, "cus_ok", 0)
+	h.deliver(t, eventJSON("evt_del", "", "customer.deleted", time.Now(), map[string]any{"id": "cus_gone", "object": "customer"}))
+	h.startProcessor(t)
+	h.waitAllProcessed(t, 1)
+
+	svc := ingest.NewService(h.pool, outbox.NewInserter(h.rc, 5))
+	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond)
+	lg, _ := record(t, svc, h.pool, gone.ID, ts, 100)
+	lo, _ := record(t, svc, h.pool, ok.ID, ts, 100)
+
+	emu := emulator.New(emulator.Options{Seed: 1})
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emu.Close)
+	sc, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: base, RateLimit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := workers.New(h.pool, workers.Config{Stripe: sc, SweepInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	status := func(id uuid.UUID) (string, string) {
+		var s string
+		var msg *string
+		if err := h.pool.QueryRow(context.Background(), `SELECT billing_status, billing_message FROM usage_logs WHERE id = $1`, id).Scan(&s, &msg); err != nil {
+			t.Fatal(err)
+		}
+		if msg == nil {
+			return s, ""
+		}
+		return s, *msg
+	}
+	waitFor(t, "the suspended tenant's report to fail", func() bool { s, _ := status(lg.ID); return s == "failed" })
+	waitFor(t, "the other tenant's report to bill", func() bool { s, _ := status(lo.ID); return s == "billed" })
+	if _, msg := status(lg.ID); msg != webhooks.SuspendedReason {
+		t.Fatalf("failure message %q, want %q", msg, webhooks.SuspendedReason)
+	}
+	waitFor(t, "its job to be cancelled", func() bool {
+		return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'cancelled' AND args->>'usage_log_id' = $2`,
+			outbox.ReportArgs{}.Kind(), lg.ID.String()) == 1
+	})
+	for _, r := range emu.Requests() {
+		if strings.Contains(r.IdempotencyKey, lg.ID.String()) {
+			t.Fatalf("a meter event of the suspended tenant was sent: %+v", r)
+		}
+	}
+}
+
+func TestRetentionDeletesOldProcessedEventsOnly(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	if _, err := h.pool.Exec(context.Background(), `INSERT INTO stripe_webhook_events (event_id, account, type, payload, received_at, processed_at) VALUES
+		('evt_old', 'platform', 'x', '{}', now() - interval '366 days', now() - interval '366 days'),
+		('evt_old_unprocessed', 'platform', 'x', '{}', now() - interval '366 days', NULL),
+		('evt_recent', 'platform', 'x', '{}', now() - interval '364 days', now() - interval '364 days')`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := webhooks.NewReaper(h.pool, nil).Expire(context.Background())
+	if err != nil || n != 1 {
+		t.Fatalf("expired %d (%v), want 1", n, err)
+	}
+	if h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_old'`) != 0 {
+		t.Fatal("old processed event kept")
+	}
+}
+
+func TestPeriodicRetentionJobRunsUnderRiver(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	if _, err := h.pool.Exec(context.Background(), `INSERT INTO stripe_webhook_events (event_id, account, type, payload, received_at, processed_at) VALUES
+		('evt_old', 'platform', 'x', '{}', now() - interval '366 days', now() - interval '366 days'),
+		('evt_jobless', 'platform', 'invoice.paid', '{}', now() - interval '2 minutes', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	ws := river.NewWorkers()
+	if err := webhooks.AddWorkers(ws, h.pool, nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := river.NewClient(riverpgxv5.New(h.pool), &river.Config{
+		Workers: ws,
+		Queues: map[string]river.QueueConfig{
+			outbox.QueueWebhooks: webhooks.QueueConfig(), outbox.QueueMaintenance: {MaxWorkers: 2},
+		},
+		PeriodicJobs:      []*river.PeriodicJob{webhooks.PeriodicRetentionJob(time.Hour)},
+		FetchCooldown:     5 * time.Millisecond,
+		FetchPollInterval: 20 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+	waitFor(t, "retention and requeue", func() bool {
+		return h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_old'`) == 0 &&
+			h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_jobless' AND processed_at IS NOT NULL`) == 1
+	})
+}
