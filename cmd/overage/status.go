@@ -52,5 +52,14 @@ func cmdStatus(ctx context.Context, e env, args []string) error {
 		}
 		fmt.Fprintln(e.stdout, `resolve them with "overage review list" and "overage review resolve"`)
 	}
+	// Meter events Stripe itself could not apply, from its webhooks.
+	merrs, err := finance.MeterErrors(ctx, pool, 10)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	if len(merrs) > 0 {
+		fmt.Fprintln(e.stdout)
+		return finance.WriteMeterErrors(e.stdout, merrs)
+	}
 	return nil
 }
