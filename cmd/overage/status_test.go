@@ -41,11 +41,13 @@ func TestStatusShowsCountsReviewAndStripeMeterErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var raw map[string]map[string]any
-	if err := json.Unmarshal([]byte(out), &raw); err != nil {
+	var rep struct {
+		Totals map[string]any `json:"totals"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatal(err)
 	}
-	tot := raw["totals"]
+	tot := rep.Totals
 	if tot["usage_logs"] != 4.0 || tot["billed"] != 2.0 || tot["pending"] != 1.0 || tot["needs_review"] != 1.0 || tot["billed_input_tokens"] != 20.0 {
 		t.Fatalf("totals %v", tot)
 	}
