@@ -18,6 +18,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
@@ -206,41 +207,9 @@ func TestReportBillsEveryLogOnceWithKeysDerivedFromTheLog(t *testing.T) {
 	}
 }
 
-// requireAppliedEqualsBilled checks the emulator's applied totals per
-// customer and meter against the overage PostgreSQL holds as billed, and
-// that no identifier was applied twice.
 func requireAppliedEqualsBilled(t *testing.T, b *bundle) {
 	t.Helper()
-	rows, err := b.pool.Query(context.Background(), `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.billing_status = 'billed' GROUP BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[emulator.AppliedKey]int64{}
-	for rows.Next() {
-		var cus string
-		var in, out int64
-		if err := rows.Scan(&cus, &in, &out); err != nil {
-			t.Fatal(err)
-		}
-		if in > 0 {
-			want[emulator.AppliedKey{Customer: cus, EventName: "llm_input_tokens"}] = in
-		}
-		if out > 0 {
-			want[emulator.AppliedKey{Customer: cus, EventName: "llm_output_tokens"}] = out
-		}
-	}
-	got := b.emu.Applied()
-	if fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("Stripe applied %v, PostgreSQL billed %v", got, want)
-	}
-	seen := map[string]bool{}
-	for _, e := range b.emu.Events() {
-		if seen[e.Identifier] || b.emu.AppliedCount(e.Identifier) != 1 {
-			t.Fatalf("identifier %s applied twice", e.Identifier)
-		}
-		seen[e.Identifier] = true
-	}
+	billingtest.RequireStripeMatchesBilled(t, b.pool, b.emu)
 }
 
 func countJobs(t *testing.T, pool *pgxpool.Pool, state string) int {
