@@ -20,6 +20,7 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stripe/stripe-go/v79/webhook"
 
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/apitest"
@@ -150,6 +151,8 @@ type call struct {
 	bearer       string // the Authorization: Bearer credential, "" for none
 	header       http.Header
 	body         string
+	// base is the server to send to, "" for the fixture's.
+	base string
 }
 
 func post(bearer, key, body string) call {
@@ -164,9 +167,37 @@ func get(path, bearer string) call {
 	return call{method: http.MethodGet, path: path, bearer: bearer}
 }
 
+// stripeEvent is a Stripe event of the platform account, as Stripe sends it.
+func stripeEvent(id string) string {
+	return fmt.Sprintf(`{"id":%q,"object":"event","type":"customer.updated","api_version":"2024-06-20","created":%d,"livemode":false,`+
+		`"pending_webhooks":1,"data":{"object":{"id":"cus_alice","object":"customer"}}}`, id, time.Now().Unix())
+}
+
+// stripeSign returns the Stripe-Signature of body with secret at ts.
+func stripeSign(body, secret string, ts time.Time) string {
+	return webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: []byte(body), Secret: secret, Timestamp: ts}).Header
+}
+
+// stripeWebhook is a delivery of body with the Stripe-Signature sig ("" for none).
+func stripeWebhook(body, sig string) call {
+	h := http.Header{}
+	if sig != "" {
+		h.Set("Stripe-Signature", sig)
+	}
+	return call{method: http.MethodPost, path: "/v1/webhooks/stripe", header: h, body: body}
+}
+
+// signedWebhook is a delivery of body signed now with apitest.WebhookSecret.
+func signedWebhook(body string) call {
+	return stripeWebhook(body, stripeSign(body, apitest.WebhookSecret, time.Now()))
+}
+
 // request builds the HTTP request of c against baseURL. A POST carries
 // Content-Type: application/json unless the case sets another.
 func (c call) request(ctx context.Context, baseURL string) (*http.Request, error) {
+	if c.base != "" {
+		baseURL = c.base
+	}
 	var body io.Reader = http.NoBody
 	if c.body != "" {
 		body = strings.NewReader(c.body)
@@ -241,9 +272,11 @@ type inflight struct {
 // through a proxy the test can cut, plus what the cases share.
 type fixture struct {
 	*contract
-	srv   *apitest.Server
-	db    *pgxpool.Pool // direct, not through the proxy
-	proxy *pgtest.Proxy
+	srv *apitest.Server
+	// noSecret is the same API without STRIPE_WEBHOOK_SECRET.
+	noSecret *apitest.Server
+	db       *pgxpool.Pool // direct, not through the proxy
+	proxy    *pgtest.Proxy
 
 	alice, bob, capped *tenants.Created
 	revokedKey         string
@@ -289,7 +322,8 @@ func newFixture(t *testing.T) *fixture {
 
 	f := &fixture{
 		contract: loadContract(t), srv: srv, db: direct, proxy: proxy,
-		alice: srv.Tenant(t, "alice", 0, 0), bob: srv.Tenant(t, "bob", 0, 0), capped: srv.Tenant(t, "capped", 1000, 500),
+		noSecret: apitest.StartWith(t, pool, dbURL, apitest.Options{}),
+		alice:    srv.Tenant(t, "alice", 0, 0), bob: srv.Tenant(t, "bob", 0, 0), capped: srv.Tenant(t, "capped", 1000, 500),
 		inflight: make(chan inflight, 1),
 		seen:     map[string]map[string]bool{}, emitted: map[string]bool{},
 	}
@@ -541,6 +575,8 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 	evt := func(fields string) string {
 		return `{"user_id":"u_42","model_id":"gpt-4o",` + fields + `}`
 	}
+	webhookEvent := stripeEvent("evt_apitest_1")
+	bigEvent := `{"id":"evt_apitest_big","object":"event","type":"customer.updated","pad":"` + strings.Repeat("a", 1<<20) + `"}`
 	padded := `{"user_id":"u_42","model_id":"gpt-4o","input_tokens":1,"output_tokens":1` + strings.Repeat(" ", 65<<10) + `}`
 
 	cases := []apiCase{
@@ -764,6 +800,81 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 		{name: "200 healthz", status: 200, req: func(f *fixture) call { return get("/healthz", "") }},
 		{name: "200 readyz", status: 200, req: func(f *fixture) call { return get("/readyz", "") }},
 
+		// POST /v1/webhooks/stripe.
+		{name: "200 webhook, signed event stored", status: 200,
+			req: func(f *fixture) call { return signedWebhook(webhookEvent) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); m["received"] != true || m["duplicate"] != false {
+					t.Fatalf("webhook answer = %s", r.body)
+				}
+				var n int
+				if err := f.db.QueryRow(context.Background(), `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_apitest_1' AND account = 'platform'`).Scan(&n); err != nil || n != 1 {
+					t.Fatalf("stored rows = %d, %v; want 1", n, err)
+				}
+			}},
+		{name: "200 webhook, duplicate delivery", status: 200,
+			req: func(f *fixture) call { return signedWebhook(webhookEvent) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); m["received"] != true || m["duplicate"] != true {
+					t.Fatalf("duplicate webhook answer = %s", r.body)
+				}
+				var n int
+				if err := f.db.QueryRow(context.Background(), `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_apitest_1'`).Scan(&n); err != nil || n != 1 {
+					t.Fatalf("stored rows = %d, %v; want 1", n, err)
+				}
+			}},
+		{name: "400 webhook, unsigned", status: 400, problem: "invalid-signature", docRefuses: true,
+			req: func(f *fixture) call { return stripeWebhook(stripeEvent("evt_apitest_unsigned"), "") }},
+		{name: "400 webhook, stale signature (10 minutes old)", status: 400, problem: "invalid-signature",
+			req: func(f *fixture) call {
+				body := stripeEvent("evt_apitest_stale")
+				return stripeWebhook(body, stripeSign(body, apitest.WebhookSecret, time.Now().Add(-10*time.Minute)))
+			}},
+		{name: "400 webhook, tampered body", status: 400, problem: "invalid-signature",
+			req: func(f *fixture) call {
+				body := stripeEvent("evt_apitest_tampered")
+				return stripeWebhook(strings.Replace(body, "cus_alice", "cus_bob", 1), stripeSign(body, apitest.WebhookSecret, time.Now()))
+			}},
+		{name: "400 webhook, another secret", status: 400, problem: "invalid-signature",
+			req: func(f *fixture) call {
+				body := stripeEvent("evt_apitest_other")
+				return stripeWebhook(body, stripeSign(body, "whsec_other", time.Now()))
+			}},
+		{name: "400 webhook, signed but no event id", status: 400, problem: "malformed-request", docRefuses: true,
+			req: func(f *fixture) call { return signedWebhook(`{"object":"event","type":"customer.updated"}`) }},
+		{name: "413 webhook over 1 MiB", status: 413, problem: "payload-too-large",
+			req: func(f *fixture) call { return signedWebhook(bigEvent) }},
+		{name: "503 webhook, STRIPE_WEBHOOK_SECRET unset", status: 503, problem: "webhooks-disabled",
+			req: func(f *fixture) call {
+				c := signedWebhook(stripeEvent("evt_apitest_disabled"))
+				c.base = f.noSecret.URL
+				return c
+			},
+			check: retryAfter},
+
+		// Operator endpoints.
+		{name: "200 metrics, Prometheus text", status: 200,
+			req: func(f *fixture) call { return get("/metrics", "") },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+					t.Fatalf("Content-Type = %q, want text/plain", ct)
+				}
+				if !strings.Contains(string(r.body), "overage_pending_usage_logs") {
+					t.Fatalf("no backlog gauge in the exposition:\n%s", r.body)
+				}
+			}},
+		{name: "401 River UI without token", status: 401, problem: "unauthorized", docRefuses: true,
+			req: func(f *fixture) call { return get("/riverui/", "") }},
+		{name: "401 River UI with a tenant key", status: 401, problem: "unauthorized",
+			req: func(f *fixture) call { return get("/riverui/", alice(f)) }},
+		{name: "200 River UI with the admin token", status: 200,
+			req: func(f *fixture) call { return get("/riverui/", apitest.AdminToken) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
+					t.Fatalf("Content-Type = %q, want text/html", ct)
+				}
+			}},
+
 		// Paths and methods the document does not list.
 		{name: "405 DELETE /v1/usage-events", status: 405, problem: "method-not-allowed", undocumented: "MethodNotAllowed",
 			req: func(f *fixture) call {
@@ -831,6 +942,8 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req:    func(f *fixture) call { return post(alice(f), "k-500", event(1, 1)) }},
 		{name: "500 usage log, internal error", status: 500, problem: "internal",
 			req: func(f *fixture) call { return get("/v1/usage-events/"+f.logID, alice(f)) }},
+		{name: "500 webhook, internal error", status: 500, problem: "internal",
+			req: func(f *fixture) call { return signedWebhook(stripeEvent("evt_apitest_500")) }},
 		{name: "500 billing status, internal error", status: 500, problem: "internal", billing: true,
 			req:   func(f *fixture) call { return get("/v1/billing/status", apitest.AdminToken) },
 			after: renameTables("_hidden", "")},
@@ -852,6 +965,9 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call { return get("/readyz", "") }},
 		{name: "200 healthz, database down", status: 200,
 			req: func(f *fixture) call { return get("/healthz", "") }},
+		{name: "503 webhook, database down", status: 503, problem: "service-unavailable",
+			req:   func(f *fixture) call { return signedWebhook(stripeEvent("evt_apitest_down")) },
+			check: retryAfter},
 		{name: "503 billing status, database down", status: 503, problem: "service-unavailable", billing: true,
 			req:   func(f *fixture) call { return get("/v1/billing/status", apitest.AdminToken) },
 			check: retryAfter,
@@ -936,7 +1052,7 @@ func startInflight(key, body string) func(t *testing.T, f *fixture) {
 // name+to; a table that does not exist (yet) is left alone.
 func renameTables(from, to string) func(t *testing.T, f *fixture) {
 	return func(t *testing.T, f *fixture) {
-		for _, name := range []string{"idempotency_keys", "usage_logs", "billing_counters"} {
+		for _, name := range []string{"idempotency_keys", "usage_logs", "billing_counters", "stripe_webhook_events"} {
 			if _, err := f.db.Exec(context.Background(), fmt.Sprintf(`ALTER TABLE IF EXISTS %s%s RENAME TO %s%s`, name, from, name, to)); err != nil {
 				t.Fatalf("rename %s%s: %v", name, from, err)
 			}

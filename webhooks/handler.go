@@ -109,7 +109,7 @@ func (h *Handler) receive(w http.ResponseWriter, r *http.Request) {
 			httpx.Error(w, r, h.logger, overage.Errorf(overage.ETOOLARGE, "payload-too-large", "a webhook body may be at most %d bytes", MaxBodyBytes))
 			return
 		}
-		httpx.Error(w, r, h.logger, overage.Errorf(overage.EMALFORMED, "malformed", "could not read the body: %v", err))
+		httpx.Error(w, r, h.logger, overage.Errorf(overage.EMALFORMED, "malformed-request", "could not read the body: %v", err))
 		return
 	}
 	ev, err := webhook.ConstructEventWithOptions(body, r.Header.Get("Stripe-Signature"), h.secret,
@@ -121,7 +121,7 @@ func (h *Handler) receive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ev.ID == "" || ev.Type == "" {
-		httpx.Error(w, r, h.logger, overage.Errorf(overage.EMALFORMED, "malformed", "the event has no id or type"))
+		httpx.Error(w, r, h.logger, overage.Errorf(overage.EMALFORMED, "malformed-request", "the event has no id or type"))
 		return
 	}
 	account := ev.Account
