@@ -159,6 +159,8 @@ func (cfg Config) withDefaults() Config {
 	def(&cfg.SweepInterval, 10*time.Minute)
 	def(&cfg.SweepGrace, 10*time.Minute)
 	def(&cfg.JobTimeout, time.Minute)
+	// River's default (100 ms) caps how fast freed report slots refill.
+	def(&cfg.FetchCooldown, 25*time.Millisecond)
 	if cfg.MaxAttempts == 0 {
 		cfg.MaxAttempts = 5
 	}
