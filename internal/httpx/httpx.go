@@ -3,6 +3,7 @@
 package httpx
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"log/slog"
@@ -118,22 +119,29 @@ func Bearer(r *http.Request) (string, bool) {
 	return strings.TrimSpace(tok), true
 }
 
-// IsAdmin reports whether r carries adminToken as its bearer token,
-// compared in constant time. An empty adminToken admits no one.
+// IsAdmin reports whether r carries adminToken as its bearer token. Both
+// sides are hashed first, so the comparison takes the same time whatever
+// the token's length or content. An empty adminToken admits no one.
 func IsAdmin(r *http.Request, adminToken string) bool {
 	tok, ok := Bearer(r)
-	return ok && adminToken != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(adminToken)) == 1
+	if !ok || adminToken == "" {
+		return false
+	}
+	got, want := sha256.Sum256([]byte(tok)), sha256.Sum256([]byte(adminToken))
+	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
 }
 
-// AdminOnly refuses, with 401, every request without the admin token.
+// AdminOnly refuses, with 401, every request without the admin token: the
+// finance and operator endpoints.
 func AdminOnly(adminToken string, logger *slog.Logger) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !IsAdmin(r, adminToken) {
-				msg := "send the ADMIN_TOKEN as Authorization: Bearer <token>"
+				msg := "send the admin token (ADMIN_TOKEN) as Authorization: Bearer <token>"
 				if adminToken == "" {
-					msg = "ADMIN_TOKEN is not configured: operator endpoints are disabled"
+					msg = "ADMIN_TOKEN is not configured: finance and operator endpoints are disabled"
 				}
+				w.Header().Set("WWW-Authenticate", `Bearer realm="overage-admin"`)
 				Error(w, r, logger, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "%s", msg))
 				return
 			}
