@@ -15,8 +15,8 @@ import (
 
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
-	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/worktest"
 	"github.com/overage-billing/overage/tenants"
 )
 
@@ -57,21 +57,7 @@ func record(t testing.TB, s *apitest.Server, tenant *tenants.Created, in, out in
 }
 
 func tryRecord(ctx context.Context, s *apitest.Server, tenant *tenants.Created, in, out int64) (uuid.UUID, error) {
-	key := uuid.NewString()
-	o, err := s.Service.Record(ctx, ingest.RecordParams{
-		TenantID: tenant.ID, Key: key, Fingerprint: []byte(key),
-		Event: &ingest.Event{Timestamp: time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out},
-	})
-	if err != nil {
-		return uuid.Nil, err
-	}
-	var l struct {
-		ID uuid.UUID `json:"id"`
-	}
-	if err := json.Unmarshal(o.Body, &l); err != nil || l.ID == uuid.Nil {
-		return uuid.Nil, err
-	}
-	return l.ID, nil
+	return worktest.TryRecord(ctx, s.Service, tenant.ID, time.Now().Add(-time.Minute), in, out)
 }
 
 // The status changes below are the statements the report worker and the

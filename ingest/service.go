@@ -55,6 +55,8 @@ type Outcome struct {
 	Body   []byte
 	// Kind is "new", "duplicate" or "replay", for logs and metrics.
 	Kind string
+	// UsageLogID is the usage log the answer is about.
+	UsageLogID uuid.UUID
 }
 
 // Outcome kinds.
@@ -109,7 +111,7 @@ func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, err
 	b := &pgx.Batch{}
 	b.Queue(lockTimeoutSQL)
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(p.TenantID, p.Key))
-	b.Queue(`SELECT fingerprint, response_status, response_body, expires_at <= now()
+	b.Queue(`SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
 		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, p.Key)
 	if p.Event.RequestID != nil {
 		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = $2`, p.TenantID, *p.Event.RequestID)
@@ -126,7 +128,7 @@ func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, err
 	}
 	var rec storedResponse
 	found := true
-	if err := br.QueryRow().Scan(&rec.fingerprint, &rec.status, &rec.body, &rec.expired); errors.Is(err, pgx.ErrNoRows) {
+	if err := br.QueryRow().Scan(&rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expired); errors.Is(err, pgx.ErrNoRows) {
 		found = false
 	} else if err != nil {
 		_ = br.Close()
@@ -165,7 +167,6 @@ func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, err
 	}
 
 	out := &Outcome{}
-	var logID *uuid.UUID
 	if dup != nil {
 		// The business event is already recorded under another key: answer
 		// with it and bill nothing new. This outcome is deterministic, so it
@@ -174,8 +175,7 @@ func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, err
 		if err != nil {
 			return nil, fmt.Errorf("render duplicate: %w", err)
 		}
-		*out = Outcome{Status: http.StatusOK, Body: body, Kind: OutcomeDuplicate}
-		logID = &dup.ID
+		*out = Outcome{Status: http.StatusOK, Body: body, Kind: OutcomeDuplicate, UsageLogID: dup.ID}
 	} else {
 		l, err := s.insertLog(ctx, tx, p)
 		if err != nil {
@@ -185,14 +185,13 @@ func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, err
 		if err != nil {
 			return nil, fmt.Errorf("render usage log: %w", err)
 		}
-		*out = Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew}
-		logID = &l.ID
+		*out = Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: l.ID}
 	}
 
 	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys
 		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
 		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
-		p.TenantID, p.Key, p.Fingerprint, out.Status, out.Body, logID, KeyTTL.Seconds()); err != nil {
+		p.TenantID, p.Key, p.Fingerprint, out.Status, out.Body, out.UsageLogID, KeyTTL.Seconds()); err != nil {
 		return nil, fmt.Errorf("store idempotency record: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -287,6 +286,7 @@ type storedResponse struct {
 	fingerprint []byte
 	status      int
 	body        []byte
+	usageLogID  *uuid.UUID
 	expired     bool
 }
 
@@ -295,7 +295,11 @@ func (r storedResponse) replay(fp []byte) (*Outcome, error) {
 		return nil, overage.Errorf(overage.ECONFLICT, "idempotency-key-reused",
 			"this Idempotency-Key was already used with a different request body; use a new key for a new event")
 	}
-	return &Outcome{Status: r.status, Body: r.body, Kind: OutcomeReplay}, nil
+	out := &Outcome{Status: r.status, Body: r.body, Kind: OutcomeReplay}
+	if r.usageLogID != nil {
+		out.UsageLogID = *r.usageLogID
+	}
+	return out, nil
 }
 
 // logResponse is the JSON of a usage log in ingest responses.

@@ -18,6 +18,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/reconcile"
 	"github.com/overage-billing/overage/stripeclient"
@@ -113,19 +114,7 @@ func newFixture(t *testing.T, opts emulator.Options) *fixture {
 // record ingests one usage event through the real ingest transaction.
 func (f *fixture) record(t *testing.T, customer string, ts time.Time, in, out int64) uuid.UUID {
 	t.Helper()
-	key := uuid.NewString()
-	o, err := f.ingest.Record(context.Background(), ingest.RecordParams{
-		TenantID: f.tenants[customer].ID, Key: key, Fingerprint: []byte(key),
-		Event: &ingest.Event{Timestamp: ts, UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var id uuid.UUID
-	if err := f.pool.QueryRow(context.Background(), "SELECT usage_log_id FROM idempotency_keys WHERE idempotency_key = $1", key).Scan(&id); err != nil {
-		t.Fatalf("recorded log: %v (%s)", err, o.Body)
-	}
-	return id
+	return worktest.Record(t, f.ingest, f.tenants[customer].ID, ts, in, out)
 }
 
 // runWorkers runs the real workers until every id is billed, then stops

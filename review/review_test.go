@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,13 +15,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/review"
 	"github.com/overage-billing/overage/stripeclient"
@@ -32,13 +27,11 @@ import (
 	"github.com/overage-billing/overage/workers"
 )
 
-// bundle is one test's world: its own database, a real Stripe emulator on
-// loopback, the real ingest transaction, real workers and the Resolver.
+// bundle is one test's world (worktest) and the Resolver.
 type bundle struct {
+	*worktest.World
 	pool     *pgxpool.Pool
 	emu      *emulator.Emulator
-	sc       *stripeclient.Client
-	ingest   *ingest.Service
 	resolver *review.Resolver
 	tenants  map[string]*tenants.Created // by Stripe customer id
 }
@@ -47,84 +40,13 @@ type bundle struct {
 // ingest queues; the resolver's jobs get 5.
 func setup(t *testing.T, opts emulator.Options, ingestAttempts int, customers ...string) *bundle {
 	t.Helper()
-	pool, _ := pgtest.NewPool(t)
-	opts.Seed = 7
-	emu := emulator.New(opts)
-	base, err := emu.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emu.Close)
-	sc, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: base, RateLimit: 10000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{}) // insert-only
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{
-		pool: pool, emu: emu, sc: sc,
-		ingest:   ingest.NewService(pool, outbox.NewInserter(rc, ingestAttempts)),
-		resolver: review.NewResolver(pool, outbox.NewInserter(rc, 5)),
-		tenants:  map[string]*tenants.Created{},
-	}
+	var ts []tenants.CreateParams
 	for _, cus := range customers {
-		tn, err := tenants.NewStore(pool).Create(context.Background(), tenants.CreateParams{Name: "tenant " + cus, StripeCustomerID: cus})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.tenants[cus] = tn
+		ts = append(ts, tenants.CreateParams{StripeCustomerID: cus})
 	}
-	return b
-}
-
-// record ingests one event through the real ingest transaction.
-func (b *bundle) record(t *testing.T, customer string, in, out int64) uuid.UUID {
-	t.Helper()
-	key := uuid.NewString()
-	o, err := b.ingest.Record(context.Background(), ingest.RecordParams{
-		TenantID: b.tenants[customer].ID, Key: key, Fingerprint: []byte(key),
-		Event: &ingest.Event{Timestamp: time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var id uuid.UUID
-	if err := b.pool.QueryRow(context.Background(), "SELECT usage_log_id FROM idempotency_keys WHERE idempotency_key = $1", key).Scan(&id); err != nil {
-		t.Fatalf("recorded log: %v (%s)", err, o.Body)
-	}
-	return id
-}
-
-// start runs real workers until stop or the end of the test.
-func (b *bundle) start(t *testing.T, cfg workers.Config) (stop func()) {
-	t.Helper()
-	cfg.Stripe = b.sc
-	if testing.Verbose() {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	if cfg.SweepInterval == 0 {
-		cfg.SweepInterval = time.Hour
-	}
-	w, err := workers.New(b.pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var stopped atomic.Bool
-	stop = func() {
-		if stopped.CompareAndSwap(false, true) {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("workers stopped with %v", err)
-			}
-		}
-	}
-	t.Cleanup(stop)
-	return stop
+	w := worktest.New(t, worktest.Options{Emulator: opts, IngestMaxAttempts: ingestAttempts, Tenants: ts})
+	return &bundle{World: w, pool: w.Pool, emu: w.Emu, tenants: w.Tenants,
+		resolver: review.NewResolver(w.Pool, outbox.NewInserter(w.River, 5))}
 }
 
 type logRow struct {
@@ -268,10 +190,10 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 		KeyTTL: window, IdentifierTTL: window, // the emulator forgets keys as Stripe does, on the test's scale
 	}, 5, "cus_ok", "cus_hole", "cus_gone")
 	b.emu.SetCustomerFailure("cus_gone", "No such customer: 'cus_gone'")
-	parked := b.record(t, "cus_hole", 10, 0)
-	failed := b.record(t, "cus_gone", 5, 3)
-	billed := b.record(t, "cus_ok", 7, 0)
-	b.start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Hour, JobTimeout: 2 * time.Second})
+	parked := b.Record(t, "cus_hole", 10, 0)
+	failed := b.Record(t, "cus_gone", 5, 3)
+	billed := b.Record(t, "cus_ok", 7, 0)
+	b.Start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Hour, JobTimeout: 2 * time.Second})
 	b.waitStatus(t, parked, overage.BillingStatusNeedsReview, 30*time.Second)
 	b.waitStatus(t, failed, overage.BillingStatusFailed, 20*time.Second)
 	b.waitStatus(t, billed, overage.BillingStatusBilled, 20*time.Second)
@@ -367,16 +289,16 @@ func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing
 	b.emu.SetCustomerFailure("cus_gone", "No such customer: 'cus_gone'")
 	var gone []uuid.UUID
 	for range 3 {
-		gone = append(gone, b.record(t, "cus_gone", 5, 1))
+		gone = append(gone, b.Record(t, "cus_gone", 5, 1))
 	}
-	billed := b.record(t, "cus_ok", 5, 0)
-	stop := b.start(t, workers.Config{})
+	billed := b.Record(t, "cus_ok", 5, 0)
+	stop := b.Start(t, workers.Config{})
 	for _, id := range gone {
 		b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
 	}
 	b.waitStatus(t, billed, overage.BillingStatusBilled, 20*time.Second)
 	stop()
-	pending := b.record(t, "cus_ok", 5, 0) // no workers: it stays pending
+	pending := b.Record(t, "cus_ok", 5, 0) // no workers: it stays pending
 	sent := len(b.emu.Requests())
 	ctx := context.Background()
 
@@ -487,10 +409,10 @@ func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing
 func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
 	t.Parallel()
 	b := setup(t, emulator.Options{Faults: emulator.Faults{LostResponseRate: 1}}, 1, "cus_lost")
-	id := b.record(t, "cus_lost", 40, 2)
+	id := b.Record(t, "cus_lost", 40, 2)
 	// The workers' window is short so the sweep parks the log within
 	// seconds; Stripe's (the emulator's, the Resolver's) is the real 24h.
-	b.start(t, workers.Config{MaxAttempts: 1, IdempotencyWindow: 2 * time.Second, SweepInterval: 300 * time.Millisecond, SweepGrace: time.Hour})
+	b.Start(t, workers.Config{MaxAttempts: 1, IdempotencyWindow: 2 * time.Second, SweepInterval: 300 * time.Millisecond, SweepGrace: time.Hour})
 	b.waitStatus(t, id, overage.BillingStatusNeedsReview, 30*time.Second)
 	for _, d := range overage.Dimensions {
 		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
@@ -544,19 +466,19 @@ func TestResendAfterTheWindowSendsOnlyWhatStripeHasNotAccepted(t *testing.T) {
 	const window = 3 * time.Second
 	b := setup(t, emulator.Options{KeyTTL: window, IdentifierTTL: window}, 5, "cus_part")
 	ctx := context.Background()
-	id := b.record(t, "cus_part", 30, 4)
+	id := b.Record(t, "cus_part", 30, 4)
 	var ts time.Time
 	if err := b.pool.QueryRow(ctx, "SELECT ts FROM usage_logs WHERE id = $1", id).Scan(&ts); err != nil {
 		t.Fatal(err)
 	}
 	// The input event reaches Stripe first (as an earlier attempt whose
 	// answer we lost would have); the worker's send of it is then replayed.
-	if _, err := b.sc.SendMeterEvent(ctx, stripeclient.MeterEvent{EventName: "llm_input_tokens", CustomerID: "cus_part", Value: 30, Timestamp: ts,
+	if _, err := b.Stripe.SendMeterEvent(ctx, stripeclient.MeterEvent{EventName: "llm_input_tokens", CustomerID: "cus_part", Value: 30, Timestamp: ts,
 		Key: overage.MeterEventKey(id, overage.DimensionInput)}); err != nil {
 		t.Fatal(err)
 	}
 	b.emu.SetCustomerFailure("cus_part", "No such customer: 'cus_part'")
-	b.start(t, workers.Config{})
+	b.Start(t, workers.Config{})
 	b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
 	if l := b.log(t, id); l.InputAccepted == nil || l.OutputAccepted != nil {
 		t.Fatalf("log %+v, want input accepted and output not", l)
@@ -609,7 +531,7 @@ func TestResendWaitsForARunningJobAndReusesALiveOne(t *testing.T) {
 	t.Parallel()
 	b := setup(t, emulator.Options{}, 5, "cus_q")
 	ctx := context.Background()
-	id := b.record(t, "cus_q", 9, 0) // no workers yet: its job stays available
+	id := b.Record(t, "cus_q", 9, 0) // no workers yet: its job stays available
 	if _, err := b.pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = 'Stripe refused it (simulated)',
 		first_attempt_at = now() - interval '2 days' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
@@ -643,7 +565,7 @@ func TestResendWaitsForARunningJobAndReusesALiveOne(t *testing.T) {
 	if l := b.log(t, id); l.Status != overage.BillingStatusPending || l.FirstAttemptAt != nil {
 		t.Fatalf("log after resend %+v, want pending with a new window to start", l)
 	}
-	b.start(t, workers.Config{})
+	b.Start(t, workers.Config{})
 	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
 	if n := b.emu.AppliedCount(overage.MeterEventKey(id, overage.DimensionInput)); n != 1 {
 		t.Fatalf("applied %d times, want once", n)

@@ -3,10 +3,7 @@ package workers_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,101 +14,30 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/worktest"
 	"github.com/overage-billing/overage/outbox"
-	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/workers"
 )
 
 type bundle struct {
-	pool    *pgxpool.Pool
-	emu     *emulator.Emulator
-	sc      *stripeclient.Client
-	ingest  *ingest.Service
-	tenants map[string]*tenants.Created // by Stripe customer id
+	*worktest.World
+	pool *pgxpool.Pool
+	emu  *emulator.Emulator
 }
 
+// setup builds the world with three tenants: cus_a and cus_b without an
+// allowance, cus_capped with 500 input tokens included.
 func setup(t *testing.T, faults emulator.Faults) *bundle {
 	t.Helper()
-	pool, _ := pgtest.NewPool(t)
-	emu := emulator.New(emulator.Options{Seed: 7, Faults: faults})
-	base, err := emu.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emu.Close)
-	sc, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: base, RateLimit: 10000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{pool: pool, emu: emu, sc: sc, ingest: ingest.NewService(pool, outbox.NewInserter(rc, 5)), tenants: map[string]*tenants.Created{}}
-	for _, c := range []struct {
-		cus    string
-		in, ot int64
-	}{{"cus_a", 0, 0}, {"cus_b", 0, 0}, {"cus_capped", 500, 0}} {
-		tn, err := tenants.NewStore(pool).Create(context.Background(), tenants.CreateParams{Name: c.cus, StripeCustomerID: c.cus, IncludedInputTokens: c.in, IncludedOutputTokens: c.ot})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b.tenants[c.cus] = tn
-	}
-	return b
-}
-
-// record ingests one event through the real ingest transaction.
-func (b *bundle) record(t *testing.T, customer string, in, out int64) uuid.UUID {
-	t.Helper()
-	key := uuid.NewString()
-	o, err := b.ingest.Record(context.Background(), ingest.RecordParams{
-		TenantID: b.tenants[customer].ID, Key: key, Fingerprint: []byte(key),
-		Event: &ingest.Event{Timestamp: time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var id uuid.UUID
-	if err := b.pool.QueryRow(context.Background(), "SELECT usage_log_id FROM idempotency_keys WHERE idempotency_key = $1", key).Scan(&id); err != nil {
-		t.Fatalf("recorded log: %v (%s)", err, o.Body)
-	}
-	return id
-}
-
-func (b *bundle) start(t *testing.T, cfg workers.Config) *workers.Workers {
-	t.Helper()
-	cfg.Stripe = b.sc
-	if testing.Verbose() {
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	if cfg.SweepInterval == 0 {
-		cfg.SweepInterval = time.Hour // tests that want a sweep ask for one
-	}
-	w, err := workers.New(b.pool, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var stopped atomic.Bool
-	stop := func() {
-		if stopped.CompareAndSwap(false, true) {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("workers stopped with %v", err)
-			}
-		}
-	}
-	t.Cleanup(stop)
-	w.StopFunc = stop
-	return w
+	w := worktest.New(t, worktest.Options{Emulator: emulator.Options{Faults: faults}, Tenants: []tenants.CreateParams{
+		{Name: "cus_a", StripeCustomerID: "cus_a"},
+		{Name: "cus_b", StripeCustomerID: "cus_b"},
+		{Name: "cus_capped", StripeCustomerID: "cus_capped", IncludedInputTokens: 500},
+	}})
+	return &bundle{World: w, pool: w.Pool, emu: w.Emu}
 }
 
 func (b *bundle) status(t *testing.T, id uuid.UUID) (overage.BillingStatus, string) {
@@ -175,10 +101,10 @@ func TestReportBillsEveryLogOnceWithKeysDerivedFromTheLog(t *testing.T) {
 	b := setup(t, emulator.Faults{})
 	var ids []uuid.UUID
 	for i := range 10 {
-		ids = append(ids, b.record(t, "cus_a", int64(100+i), 10))
-		ids = append(ids, b.record(t, "cus_capped", 300, 7)) // the second one crosses 500 included
+		ids = append(ids, b.Record(t, "cus_a", int64(100+i), 10))
+		ids = append(ids, b.Record(t, "cus_capped", 300, 7)) // the second one crosses 500 included
 	}
-	b.start(t, workers.Config{})
+	b.Start(t, workers.Config{})
 	for _, id := range ids {
 		b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
 	}
@@ -226,14 +152,14 @@ func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
 	// The first answer is lost (Stripe applied the event), the River retry
 	// meets a 500, then the process restarts and the next one succeeds.
 	b := setup(t, emulator.Faults{LostResponseRate: 1})
-	id := b.record(t, "cus_a", 100, 0)
-	w := b.start(t, workers.Config{})
+	id := b.Record(t, "cus_a", 100, 0)
+	stop := b.Start(t, workers.Config{})
 	waitFor(t, "the lost response", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 1 })
 	b.emu.SetFaults(emulator.Faults{ServerErrorRate: 1})
 	waitFor(t, "a River retry", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 2 })
-	w.StopFunc() // restart: a new process picks the job up
+	stop() // restart: a new process picks the job up
 	b.emu.SetFaults(emulator.Faults{})
-	b.start(t, workers.Config{})
+	b.Start(t, workers.Config{})
 	b.waitStatus(t, id, overage.BillingStatusBilled, 30*time.Second)
 
 	reqs := b.requestsFor(t, id, overage.DimensionInput)
@@ -257,19 +183,19 @@ func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 	// One attempt only: the lost response discards the job while the log
 	// stays pending although Stripe applied it.
 	b := setup(t, emulator.Faults{LostResponseRate: 1})
-	id := b.record(t, "cus_b", 40, 2)
+	id := b.Record(t, "cus_b", 40, 2)
 	if _, err := b.pool.Exec(context.Background(), "UPDATE river_job SET max_attempts = 1"); err != nil {
 		t.Fatal(err)
 	}
-	w := b.start(t, workers.Config{MaxAttempts: 1})
+	stop := b.Start(t, workers.Config{MaxAttempts: 1})
 	waitFor(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.pool, "discarded") == 1 })
 	if s, _ := b.status(t, id); s != overage.BillingStatusPending {
 		t.Fatalf("status %s, want pending", s)
 	}
-	w.StopFunc()
+	stop()
 	b.emu.SetFaults(emulator.Faults{})
 	// A sweep with no grace requeues it at once.
-	b.start(t, workers.Config{SweepInterval: 200 * time.Millisecond, SweepGrace: time.Millisecond})
+	b.Start(t, workers.Config{SweepInterval: 200 * time.Millisecond, SweepGrace: time.Millisecond})
 	defer func() {
 		rows, _ := b.pool.Query(context.Background(), "SELECT kind, state::text, attempt, errors::text FROM river_job ORDER BY id")
 		for rows.Next() {
@@ -295,8 +221,8 @@ func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 func TestSweepSkipsLogsWithALiveJob(t *testing.T) {
 	t.Parallel()
 	b := setup(t, emulator.Faults{})
-	b.record(t, "cus_a", 5, 5)
-	b.record(t, "cus_a", 6, 6)
+	b.Record(t, "cus_a", 5, 5)
+	b.Record(t, "cus_a", 6, 6)
 	// No workers run: both jobs are live (available). A sweep inserts none.
 	sweeper := workers.NewSweeper(b.pool, workers.Config{SweepGrace: time.Millisecond})
 	rc, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{})
@@ -323,9 +249,9 @@ func TestSweepSkipsLogsWithALiveJob(t *testing.T) {
 func TestWindowGuardParksALogAndStopsSending(t *testing.T) {
 	t.Parallel()
 	b := setup(t, emulator.Faults{BlackholeCustomers: []string{"cus_b"}})
-	id := b.record(t, "cus_b", 10, 0)
+	id := b.Record(t, "cus_b", 10, 0)
 	const window = 3 * time.Second
-	b.start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Millisecond, JobTimeout: 2 * time.Second})
+	b.Start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Millisecond, JobTimeout: 2 * time.Second})
 	b.waitStatus(t, id, overage.BillingStatusNeedsReview, 30*time.Second)
 	var first time.Time
 	if err := b.pool.QueryRow(context.Background(), "SELECT first_attempt_at FROM usage_logs WHERE id = $1", id).Scan(&first); err != nil {
@@ -354,9 +280,9 @@ func TestPermanentErrorFailsTheLogAndStopsRetrying(t *testing.T) {
 	t.Parallel()
 	b := setup(t, emulator.Faults{})
 	b.emu.SetCustomerFailure("cus_b", "No such customer: 'cus_b'")
-	id := b.record(t, "cus_b", 10, 0)
-	ok := b.record(t, "cus_a", 10, 0)
-	b.start(t, workers.Config{})
+	id := b.Record(t, "cus_b", 10, 0)
+	ok := b.Record(t, "cus_a", 10, 0)
+	b.Start(t, workers.Config{})
 	b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
 	b.waitStatus(t, ok, overage.BillingStatusBilled, 20*time.Second)
 	if _, msg := b.status(t, id); !strings.Contains(msg, "No such customer") {

@@ -51,9 +51,6 @@ type Config struct {
 type Workers struct {
 	client *river.Client[pgx.Tx]
 	cfg    Config
-	// StopFunc, when set by whoever runs the workers, stops them; tests use
-	// it to restart a "process".
-	StopFunc func()
 }
 
 // New registers the workers and periodic jobs on a River client.
