@@ -32,8 +32,10 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -454,7 +456,7 @@ func (e *Emulator) newRequestID() string {
 	return fmt.Sprintf("req_emu%010d", e.reqSeq)
 }
 
-func (e *Emulator) record(r *http.Request, requestID string) *Request {
+func (e *Emulator) record(r *http.Request, requestID string, form url.Values) *Request {
 	rec := &Request{
 		Method:     r.Method,
 		Path:       r.URL.Path,
@@ -464,6 +466,10 @@ func (e *Emulator) record(r *http.Request, requestID string) *Request {
 	}
 	if r.Method == http.MethodPost {
 		rec.IdempotencyKey = strings.TrimSpace(r.Header.Get("Idempotency-Key"))
+		rec.Identifier = form.Get("identifier")
+		rec.Customer = form.Get("payload[stripe_customer_id]")
+		rec.EventName = form.Get("event_name")
+		rec.Value, _ = strconv.ParseInt(form.Get("payload[value]"), 10, 64)
 	}
 	e.mu.Lock()
 	e.requests = append(e.requests, rec)

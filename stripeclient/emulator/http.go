@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 )
 
@@ -81,8 +82,16 @@ func (e *Emulator) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	// The form is read before the request is recorded so that a recorded
+	// request always carries its identifier: an observer polling Requests()
+	// never sees the key without it.
+	var form url.Values
+	var perr *apiError
+	if r.Method == http.MethodPost {
+		form, perr = parseForm(w, r)
+	}
 	requestID := e.newRequestID()
-	rec := e.record(r, requestID)
+	rec := e.record(r, requestID, form)
 	w.Header().Set("Request-Id", requestID)
 	w.Header().Set("Stripe-Version", "2024-06-20")
 	if k := r.Header.Get("Idempotency-Key"); k != "" && r.Method == http.MethodPost {
@@ -99,7 +108,7 @@ func (e *Emulator) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	path := strings.TrimSuffix(r.URL.Path, "/")
 	switch {
 	case r.Method == http.MethodPost && path == "/v1/billing/meter_events":
-		e.handleMeterEvent(w, r, rec, account)
+		e.handleMeterEvent(w, r, rec, account, form, perr)
 	case r.Method == http.MethodGet && path == "/v1/billing/meters":
 		e.handleListMeters(w, r, rec)
 	case r.Method == http.MethodGet && strings.HasPrefix(path, "/v1/billing/meters/"):

@@ -45,18 +45,8 @@ type meterEventJSON struct {
 // then the idempotency layer (replay, mismatch, in flight), then validation
 // (whose failures are not saved under the key), the per-customer concurrency
 // limit, and finally the endpoint itself, whose result is saved.
-func (e *Emulator) handleMeterEvent(w http.ResponseWriter, r *http.Request, rec *Request, account string) {
+func (e *Emulator) handleMeterEvent(w http.ResponseWriter, r *http.Request, rec *Request, account string, form url.Values, perr *apiError) {
 	ctx := r.Context()
-
-	form, perr := parseForm(w, r)
-	if perr == nil {
-		e.update(rec, func(q *Request) {
-			q.Identifier = form.Get("identifier")
-			q.Customer = form.Get("payload[stripe_customer_id]")
-			q.EventName = form.Get("event_name")
-			q.Value, _ = strconv.ParseInt(form.Get("payload[value]"), 10, 64)
-		})
-	}
 
 	serverError, rateLimit, lose, blackhole, latency := e.drawFaults(form.Get("payload[stripe_customer_id]"))
 	switch {
