@@ -485,6 +485,8 @@ func (e *Emulator) update(rec *Request, fn func(*Request)) {
 	e.mu.Unlock()
 }
 
+// finish records a request's answer. Handlers call it before writing the
+// answer, so a client that has its response always finds it recorded.
 func (e *Emulator) finish(rec *Request, status int, outcome string) {
 	e.update(rec, func(r *Request) {
 		r.Status = status

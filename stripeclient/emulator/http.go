@@ -100,8 +100,8 @@ func (e *Emulator) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 	account, aerr := e.authenticate(r)
 	if aerr != nil {
-		writeJSON(w, aerr.status, aerr.body())
 		e.finish(rec, aerr.status, OutcomeUnauthorized)
+		writeJSON(w, aerr.status, aerr.body())
 		return
 	}
 
@@ -132,8 +132,8 @@ func (e *Emulator) notFound(w http.ResponseWriter, r *http.Request, rec *Request
 		Type:    "invalid_request_error",
 		Message: fmt.Sprintf("Unrecognized request URL (%s: %s). The stripe emulator implements only billing meter events and meters.", r.Method, r.URL.Path),
 	}
-	writeJSON(w, a.status, a.body())
 	e.finish(rec, a.status, OutcomeNotFound)
+	writeJSON(w, a.status, a.body())
 }
 
 // authenticate returns the account (the API key) of a request.

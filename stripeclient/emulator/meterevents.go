@@ -107,8 +107,8 @@ func (e *Emulator) handleMeterEvent(w http.ResponseWriter, r *http.Request, rec 
 			}
 			w.Header().Set("Idempotent-Replayed", "true")
 			w.Header().Set("Original-Request", original)
-			writeJSON(w, status, body)
 			e.finish(rec, status, OutcomeReplayed)
+			writeJSON(w, status, body)
 			return
 		}
 		e.idem[sk] = &idemEntry{fingerprint: fp, created: e.now()}
@@ -212,18 +212,18 @@ func (e *Emulator) handleMeterEvent(w http.ResponseWriter, r *http.Request, rec 
 	for k, v := range header {
 		w.Header()[k] = v
 	}
-	writeJSON(w, status, body)
 	e.finish(rec, status, outcome)
+	writeJSON(w, status, body)
 }
 
 // reply writes an error that is not saved under the idempotency key.
 func (e *Emulator) reply(w http.ResponseWriter, rec *Request, a *apiError) {
-	writeJSON(w, a.status, a.body())
 	outcome := a.outcome
 	if outcome == "" {
 		outcome = OutcomeInvalid
 	}
 	e.finish(rec, a.status, outcome)
+	writeJSON(w, a.status, a.body())
 }
 
 // wait sleeps for d unless the client leaves or the emulator closes first.

@@ -79,8 +79,8 @@ func (e *Emulator) handleListMeters(w http.ResponseWriter, r *http.Request, rec 
 		e.reply(w, rec, a)
 		return
 	}
-	writeJSON(w, http.StatusOK, mustJSON(listJSON[meterJSON]{Object: "list", Data: page, HasMore: more, URL: "/v1/billing/meters"}))
 	e.finish(rec, http.StatusOK, OutcomeOK)
+	writeJSON(w, http.StatusOK, mustJSON(listJSON[meterJSON]{Object: "list", Data: page, HasMore: more, URL: "/v1/billing/meters"}))
 }
 
 func (e *Emulator) handleGetMeter(w http.ResponseWriter, r *http.Request, rec *Request, id string) {
@@ -89,8 +89,8 @@ func (e *Emulator) handleGetMeter(w http.ResponseWriter, r *http.Request, rec *R
 		e.reply(w, rec, noSuchMeter(id))
 		return
 	}
-	writeJSON(w, http.StatusOK, mustJSON(m.json()))
 	e.finish(rec, http.StatusOK, OutcomeOK)
+	writeJSON(w, http.StatusOK, mustJSON(m.json()))
 }
 
 // handleEventSummaries aggregates applied events by their own timestamp
@@ -175,9 +175,9 @@ func (e *Emulator) handleEventSummaries(w http.ResponseWriter, r *http.Request, 
 		e.reply(w, rec, a)
 		return
 	}
+	e.finish(rec, http.StatusOK, OutcomeOK)
 	writeJSON(w, http.StatusOK, mustJSON(listJSON[eventSummaryJSON]{Object: "list", Data: page, HasMore: more,
 		URL: "/v1/billing/meters/" + m.id + "/event_summaries"}))
-	e.finish(rec, http.StatusOK, OutcomeOK)
 }
 
 func (e *Emulator) meterByID(id string) *meter {
