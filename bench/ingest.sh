@@ -40,6 +40,11 @@ psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)
 DRAIN_URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/${BENCH_DB}_drain').geturl())" "$PGHOST_URL")
 ./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
 go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-50000}"
+# The same with 10 of the 200 customers hanging: everyone else must still
+# be billed at about the rate above.
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
+./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
+go run ./bench/drain -database-url "$DRAIN_URL" -logs 20000 -hang 10
 
 # Status: GET /v1/billing/status over real HTTP on 10 million usage logs
 # across 1,000 tenants, seeded with COPY (STATUS_LOGS shrinks it).

@@ -69,6 +69,9 @@ const (
 	StripeAlreadyApplied = "already_applied"
 	StripeRetryable      = "retryable"
 	StripePermanent      = "permanent"
+	// StripeBusy: not sent, the customer's meter already had calls in
+	// flight and queued in this process (the job is snoozed).
+	StripeBusy = "busy"
 )
 
 // Sender wraps a stripeclient.Sender, counting and timing each call.
@@ -85,7 +88,7 @@ func InstrumentSender(next stripeclient.Sender, reg prometheus.Registerer) *Send
 		next: next,
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "overage_stripe_calls_total",
-			Help: "Meter event calls to Stripe by outcome (accepted, replayed, already_applied, retryable, permanent).",
+			Help: "Meter event calls to Stripe by outcome (accepted, replayed, already_applied, retryable, permanent; busy: refused unsent, the customer's meter was busy in this process).",
 		}, []string{"outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "overage_stripe_call_duration_seconds",
@@ -103,6 +106,8 @@ func (s *Sender) SendMeterEvent(ctx context.Context, ev stripeclient.MeterEvent)
 	res, err := s.next.SendMeterEvent(ctx, ev)
 	outcome := StripeAccepted
 	switch {
+	case err != nil && stripeclient.IsBusy(err):
+		outcome = StripeBusy
 	case err != nil && stripeclient.IsPermanent(err):
 		outcome = StripePermanent
 	case err != nil:

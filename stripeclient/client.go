@@ -22,6 +22,11 @@ const (
 	DefaultAPIBase     = "https://api.stripe.com"
 	DefaultRateLimit   = 1000.0 // Stripe's live-mode meter-event limit per account, calls/s
 	DefaultHTTPTimeout = 80 * time.Second
+	// DefaultSlowCallAfter is when a call in flight for a customer's meter
+	// counts as slow, and DefaultMaxQueuedPerMeter how many calls may then
+	// stay queued behind it (see Config).
+	DefaultSlowCallAfter     = 3 * time.Second
+	DefaultMaxQueuedPerMeter = 2
 	// MaxKeyLength is Stripe's limit on a meter event identifier; the key is
 	// used as one, so it is the binding limit (idempotency keys allow 255).
 	MaxKeyLength = 100
@@ -66,6 +71,14 @@ type Config struct {
 	// 1: its sleep between retries ignores the context and would hold the
 	// per-customer lock, so retrying is left to the caller's backoff.
 	MaxNetworkRetries int64
+	// Calls for one customer's meter wait in line behind the one in
+	// flight. Once that call has taken SlowCallAfter (default
+	// DefaultSlowCallAfter), at most MaxQueuedPerMeter (default
+	// DefaultMaxQueuedPerMeter) stay in line; the others are refused, unsent,
+	// with an error IsBusy recognises, so a customer whose calls hang cannot
+	// hold every caller of the process.
+	SlowCallAfter     time.Duration
+	MaxQueuedPerMeter int
 	HTTPClient        *http.Client // default: 80 s timeout, its own transport
 	Logger            *slog.Logger // default: discard
 }
@@ -109,6 +122,8 @@ type Client struct {
 	apiBase   string
 	limiter   *rate.Limiter
 	locks     *keyedLock
+	lockLimit int           // holder + waiters per (customer, event name) once slow
+	slowCall  time.Duration // when the holder counts as slow
 	log       *slog.Logger
 }
 
@@ -149,6 +164,18 @@ func New(cfg Config) (*Client, error) {
 	if cfg.MaxNetworkRetries < 0 || cfg.MaxNetworkRetries > 1 {
 		return nil, fmt.Errorf("stripeclient: max network retries %d must be 0 or 1", cfg.MaxNetworkRetries)
 	}
+	if cfg.MaxQueuedPerMeter == 0 {
+		cfg.MaxQueuedPerMeter = DefaultMaxQueuedPerMeter
+	}
+	if cfg.MaxQueuedPerMeter < 0 {
+		return nil, fmt.Errorf("stripeclient: max queued per meter %d must be positive", cfg.MaxQueuedPerMeter)
+	}
+	if cfg.SlowCallAfter == 0 {
+		cfg.SlowCallAfter = DefaultSlowCallAfter
+	}
+	if cfg.SlowCallAfter < 0 {
+		return nil, fmt.Errorf("stripeclient: slow call threshold %s must be positive", cfg.SlowCallAfter)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -168,6 +195,8 @@ func New(cfg Config) (*Client, error) {
 		apiBase:   cfg.APIBase,
 		limiter:   rate.NewLimiter(rate.Limit(cfg.RateLimit), cfg.Burst),
 		locks:     newKeyedLock(),
+		lockLimit: 1 + cfg.MaxQueuedPerMeter,
+		slowCall:  cfg.SlowCallAfter,
 		log:       cfg.Logger,
 	}
 	c.log.Debug("stripe client configured", slog.Any("config", cfg))
@@ -195,13 +224,21 @@ func (c Client) LogValue() slog.Value {
 //
 // It waits for the (customer, event name) lock and for the rate limiter
 // first; if ctx ends while waiting, nothing is sent and the error is
-// retryable.
+// retryable. Behind a call that has been in flight for SlowCallAfter, it
+// may instead return, unsent, a retryable error IsBusy recognises, whose
+// RetryAfter grows with how long that call has taken.
 func (c *Client) SendMeterEvent(ctx context.Context, ev MeterEvent) (Result, error) {
 	if err := ev.validate(); err != nil {
 		return Result{}, err
 	}
 
-	unlock, err := c.locks.lock(ctx, ev.CustomerID+"\x00"+ev.EventName)
+	unlock, err := c.locks.lock(ctx, ev.CustomerID+"\x00"+ev.EventName, c.lockLimit, c.slowCall)
+	var busy *busyError
+	if errors.As(err, &busy) {
+		e := localError(KindRetryable, "not sent: a call for this customer's meter has been in flight for "+busy.heldFor.Round(time.Millisecond).String()+" and others are queued behind it", err)
+		e.RetryAfter = min(max(busy.heldFor, time.Second), 30*time.Second)
+		return Result{}, e
+	}
 	if err != nil {
 		return Result{}, localError(KindRetryable, "not sent: context ended while waiting for the customer's meter lock", err)
 	}

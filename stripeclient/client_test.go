@@ -368,6 +368,55 @@ func TestWithoutTheLockTheEmulatorRefusesConcurrentCalls(t *testing.T) {
 	}
 }
 
+// One customer whose calls hang must not hold every caller: once its call
+// in flight is slow, a call beyond the queue limit is refused, unsent, while
+// other customers' calls go through.
+func TestCallsQueuedBehindOneCustomerAreBounded(t *testing.T) {
+	t.Parallel()
+	emu, base := startEmulator(t, emulator.Options{Faults: emulator.Faults{BlackholeCustomers: []string{"cus_stuck"}}})
+	client := newClient(t, stripeclient.Config{APIBase: base, MaxQueuedPerMeter: 2, SlowCallAfter: 100 * time.Millisecond})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	errs := make(chan error, 4)
+	for i := range 4 { // one in flight, three queued while it is still fast
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := client.SendMeterEvent(ctx, event("cus_stuck", fmt.Sprintf("usage-log:stuck-%d:input", i)))
+			errs <- err
+		}()
+	}
+	// Once the call in flight is slow, one queued call too many gives up.
+	var err error
+	select {
+	case err = <-errs:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no queued call gave up behind a call hanging for 10 s")
+	}
+	var se *stripeclient.Error
+	if !stripeclient.IsBusy(err) || !errors.As(err, &se) || !stripeclient.IsRetryable(err) || se.RetryAfter < time.Second {
+		t.Fatalf("queued call behind a slow one: %v, want a retryable busy refusal with a RetryAfter of at least 1 s", err)
+	}
+	// A newcomer is refused at once.
+	if _, err := client.SendMeterEvent(ctx, event("cus_stuck", "usage-log:stuck-extra:input")); !stripeclient.IsBusy(err) {
+		t.Fatalf("newcomer behind a slow call and a full line: %v, want a busy refusal", err)
+	}
+	if _, err := client.SendMeterEvent(context.Background(), event("cus_other", "usage-log:other:input")); err != nil {
+		t.Fatalf("another customer's call: %v", err)
+	}
+	var sent int
+	for _, r := range emu.Requests() {
+		if r.Customer == "cus_stuck" {
+			sent++
+		}
+	}
+	if sent != 1 {
+		t.Fatalf("%d calls for the hanging customer reached Stripe, want only the one in flight", sent)
+	}
+}
+
 func TestRateLimiterIsHonoured(t *testing.T) {
 	t.Parallel()
 	emu, base := startEmulator(t, emulator.Options{})

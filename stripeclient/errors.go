@@ -90,6 +90,13 @@ func IsRetryable(err error) bool {
 	return errors.As(err, &e) && e.Kind == KindRetryable
 }
 
+// IsBusy reports whether err is the refusal of a call that would have
+// queued behind too many others for the same customer's meter. Nothing was
+// sent; the caller should try again later instead of waiting.
+func IsBusy(err error) bool {
+	return errors.Is(err, errBusy)
+}
+
 // IsPermanent reports whether err is (or wraps) an Error of KindPermanent.
 func IsPermanent(err error) bool {
 	var e *Error

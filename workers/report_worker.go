@@ -212,6 +212,13 @@ func (w *ReportWorker) sendFailed(ctx context.Context, id uuid.UUID, d overage.D
 		w.logger.WarnContext(ctx, "usage log failed permanently", "usage_log_id", id, "dimension", d, "err", err)
 		return river.JobCancel(err)
 	}
+	if errors.As(err, &se) && stripeclient.IsBusy(err) {
+		// Nothing was sent: a call for this customer's meter has hung in
+		// this process and others already wait behind it. Hand the slot
+		// back to other customers' logs instead of joining the line; no
+		// attempt is spent.
+		return river.JobSnooze(se.RetryAfter/2 + rand.N(se.RetryAfter+1))
+	}
 	if errors.As(err, &se) && se.HTTPStatus == 429 {
 		// Rate limited: try again soon without spending an attempt. The
 		// window guard bounds how long this can go on.

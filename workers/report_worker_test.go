@@ -295,3 +295,36 @@ func TestPermanentErrorFailsTheLogAndStopsRetrying(t *testing.T) {
 }
 
 var _ = pgx.ErrNoRows
+
+// A customer whose calls hang must not stall everyone else's billing: the
+// reports queued behind it beyond a short line are snoozed, not left
+// holding every worker slot until their job timeout.
+func TestOneHangingCustomerDoesNotHoldEveryWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Faults{BlackholeCustomers: []string{"cus_b"}})
+	var stuck, others []uuid.UUID
+	for range 8 { // enqueued first, so River fetches them first
+		stuck = append(stuck, b.Record(t, "cus_b", 100, 0))
+	}
+	for range 3 {
+		others = append(others, b.Record(t, "cus_a", 100, 10))
+	}
+	b.Start(t, workers.Config{ReportWorkers: 4, JobTimeout: 5 * time.Minute, StopTimeout: time.Second})
+	for _, id := range others {
+		b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	}
+	for _, id := range stuck {
+		if s, _ := b.status(t, id); s != overage.BillingStatusPending {
+			t.Fatalf("log %s of the hanging customer is %s, want pending", id, s)
+		}
+	}
+	var sent int
+	for _, r := range b.emu.Requests() {
+		if r.Customer == "cus_b" {
+			sent++
+		}
+	}
+	if sent != 1 {
+		t.Fatalf("%d calls reached Stripe for the hanging customer, want the one in flight", sent)
+	}
+}

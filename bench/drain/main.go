@@ -2,7 +2,9 @@
 // backlog of pending usage logs into Stripe: it seeds the backlog, starts
 // the local Stripe emulator with added latency, runs the binary as a child
 // process and times it until nothing is pending. It prints logs/s and
-// meter-event calls/s as one JSON line.
+// meter-event calls/s as one JSON line. With -hang N, the first N customers'
+// calls never get an answer, and the drain is timed until every other
+// customer's logs are billed: one hanging customer must not stall the rest.
 package main
 
 import (
@@ -36,13 +38,14 @@ func main() {
 	latency := flag.Duration("latency", 5*time.Millisecond, "emulator latency per call")
 	workers := flag.Int("workers", 200, "REPORT_WORKERS of the work process")
 	rateLimit := flag.Int("rate-limit", 5000, "STRIPE_RATE_LIMIT of the work process")
+	hang := flag.Int("hang", 0, "customers whose calls never get an answer; the drain ends when everyone else's logs are billed")
 	flag.Parse()
-	if err := run(*dbURL, *bin, *logs, *tenants, *latency, *workers, *rateLimit); err != nil {
+	if err := run(*dbURL, *bin, *logs, *tenants, *latency, *workers, *rateLimit, *hang); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, rateLimit int) error {
+func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, rateLimit, hang int) error {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
@@ -53,7 +56,11 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 		return fmt.Errorf("seed: %w", err)
 	}
 
-	emu := emulator.New(emulator.Options{Faults: emulator.Faults{Latency: latency}})
+	var hung []string
+	for n := 1; n <= hang; n++ {
+		hung = append(hung, "cus_drain"+strconv.Itoa(n))
+	}
+	emu := emulator.New(emulator.Options{Faults: emulator.Faults{Latency: latency, BlackholeCustomers: hung}})
 	base, err := emu.Start("127.0.0.1:0")
 	if err != nil {
 		return err
@@ -73,7 +80,8 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 		// EXISTS, not count(*): the poll must not itself load the database
 		// it measures.
 		var pending bool
-		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM usage_logs WHERE billing_status = 'pending')").Scan(&pending); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+			WHERE u.billing_status = 'pending' AND t.stripe_customer_id <> ALL($1))`, hung).Scan(&pending); err != nil {
 			return err
 		}
 		if !pending {
@@ -85,11 +93,15 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 		time.Sleep(100 * time.Millisecond)
 	}
 	elapsed := time.Since(start)
+	var billed int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'").Scan(&billed); err != nil {
+		return err
+	}
 	calls := len(emu.Requests())
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"logs": logs, "meter_event_calls": calls, "seconds": elapsed.Seconds(),
-		"logs_per_s": float64(logs) / elapsed.Seconds(), "calls_per_s": float64(calls) / elapsed.Seconds(),
-		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers,
+		"logs": logs, "billed": billed, "meter_event_calls": calls, "seconds": elapsed.Seconds(),
+		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls) / elapsed.Seconds(),
+		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers, "hanging_customers": hang,
 	})
 }
 
