@@ -18,6 +18,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/billingtest"
+	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/review"
@@ -69,27 +70,16 @@ func (b *bundle) log(t *testing.T, id uuid.UUID) logRow {
 	return l
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, want overage.BillingStatus, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool { return b.log(t, id).Status == want })
+	poll.Until(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool { return b.log(t, id).Status == want })
 }
 
 // waitPastWindow polls the database clock — the one Resolve compares with —
 // until the log's first attempt is older than window.
 func (b *bundle) waitPastWindow(t *testing.T, id uuid.UUID, window time.Duration) {
 	t.Helper()
-	waitFor(t, "the idempotency window to pass by the database clock", window+30*time.Second, func() bool {
+	poll.Until(t, "the idempotency window to pass by the database clock", window+30*time.Second, func() bool {
 		var past bool
 		if err := b.pool.QueryRow(context.Background(), `SELECT first_attempt_at + make_interval(secs => $2) <= now()
 			FROM usage_logs WHERE id = $1`, id, window.Seconds()).Scan(&past); err != nil {
@@ -200,7 +190,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 	// The parked log's report job finishes (completed: the worker parked
 	// the log, or found it parked by the sweep). River's unique insert
 	// counts completed jobs, so the resend below must not be skipped.
-	waitFor(t, "the parked log's report job to complete", 20*time.Second, func() bool {
+	poll.Until(t, "the parked log's report job to complete", 20*time.Second, func() bool {
 		jobs := b.reportJobs(t, parked)
 		return len(jobs) == 1 && jobs[0].State == "completed"
 	})

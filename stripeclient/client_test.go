@@ -16,6 +16,8 @@ import (
 	stripe "github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/billing/meterevent"
 
+	"github.com/overage-billing/overage/internal/fakeclock"
+	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
@@ -55,36 +57,6 @@ func newClient(t *testing.T, cfg stripeclient.Config) *stripeclient.Client {
 		t.Fatalf("New: %v", err)
 	}
 	return c
-}
-
-// waitFor polls cond, because the state it waits on is reached in another
-// goroutine or process with nothing to signal it.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
 }
 
 func TestNewValidatesConfig(t *testing.T) {
@@ -145,7 +117,7 @@ func TestSendsOnceAndReplays(t *testing.T) {
 // which for our own identifier means the first send landed.
 func TestAlreadyAppliedAfterStripeForgotTheKey(t *testing.T) {
 	t.Parallel()
-	clock := &fakeClock{now: time.Now()}
+	clock := fakeclock.New(time.Now())
 	emu, base := startEmulator(t, emulator.Options{Now: clock.Now, KeyTTL: time.Hour, IdentifierTTL: 24 * time.Hour})
 	client := newClient(t, stripeclient.Config{APIBase: base})
 	ev := event("cus_1", "usage-log:2:output")
@@ -465,7 +437,7 @@ func TestWaitingForTheCustomerLockHonoursContext(t *testing.T) {
 		_, err := client.SendMeterEvent(holdCtx, event("cus_stuck", "usage-log:8:input"))
 		held <- err
 	}()
-	waitFor(t, "the first call to reach the emulator", func() bool { return len(emu.Requests()) == 1 })
+	poll.Until(t, "the first call to reach the emulator", 10*time.Second, func() bool { return len(emu.Requests()) == 1 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()

@@ -24,6 +24,7 @@ import (
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
@@ -154,20 +155,9 @@ func (h *harness) webhookJobs(t *testing.T) int {
 	return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1`, outbox.ProcessWebhookArgs{}.Kind())
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func (h *harness) waitAllProcessed(t *testing.T, n int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d processed events", n), func() bool {
+	poll.Until(t, fmt.Sprintf("%d processed events", n), 20*time.Second, func() bool {
 		return h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NOT NULL`) == n &&
 			h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NULL`) == 0
 	})
@@ -273,7 +263,7 @@ func TestSameDeliveryTwiceIsProcessedOnce(t *testing.T) {
 	if err := h.pool.QueryRow(context.Background(), `SELECT processed_at FROM stripe_webhook_events`).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the job to complete", func() bool {
+	poll.Until(t, "the job to complete", 20*time.Second, func() bool {
 		return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, outbox.ProcessWebhookArgs{}.Kind()) == 1
 	})
 	h.deliver(t, body) // after processing: nothing new
@@ -497,12 +487,12 @@ func TestDeletedCustomerSuspendsTenantAndItsReportsFail(t *testing.T) {
 		}
 		return s, *msg
 	}
-	waitFor(t, "the suspended tenant's report to fail", func() bool { s, _ := status(lg.ID); return s == "failed" })
-	waitFor(t, "the other tenant's report to bill", func() bool { s, _ := status(lo.ID); return s == "billed" })
+	poll.Until(t, "the suspended tenant's report to fail", 20*time.Second, func() bool { s, _ := status(lg.ID); return s == "failed" })
+	poll.Until(t, "the other tenant's report to bill", 20*time.Second, func() bool { s, _ := status(lo.ID); return s == "billed" })
 	if _, msg := status(lg.ID); msg != webhooks.SuspendedReason {
 		t.Fatalf("failure message %q, want %q", msg, webhooks.SuspendedReason)
 	}
-	waitFor(t, "its job to be cancelled", func() bool {
+	poll.Until(t, "its job to be cancelled", 20*time.Second, func() bool {
 		return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'cancelled' AND args->>'usage_log_id' = $2`,
 			outbox.ReportArgs{}.Kind(), lg.ID.String()) == 1
 	})
@@ -559,7 +549,7 @@ func TestPeriodicRetentionJobRunsUnderRiver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Stop(context.Background()) })
-	waitFor(t, "retention and requeue", func() bool {
+	poll.Until(t, "retention and requeue", 20*time.Second, func() bool {
 		return h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_old'`) == 0 &&
 			h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_jobless' AND processed_at IS NOT NULL`) == 1
 	})

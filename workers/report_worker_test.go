@@ -15,6 +15,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/billingtest"
+	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
@@ -53,21 +54,9 @@ func (b *bundle) status(t *testing.T, id uuid.UUID) (overage.BillingStatus, stri
 	return s, *msg
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, want overage.BillingStatus, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool {
+	poll.Until(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool {
 		s, _ := b.status(t, id)
 		return s == want
 	})
@@ -154,9 +143,9 @@ func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
 	b := setup(t, emulator.Faults{LostResponseRate: 1})
 	id := b.Record(t, "cus_a", 100, 0)
 	stop := b.Start(t, workers.Config{})
-	waitFor(t, "the lost response", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 1 })
+	poll.Until(t, "the lost response", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 1 })
 	b.emu.SetFaults(emulator.Faults{ServerErrorRate: 1})
-	waitFor(t, "a River retry", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 2 })
+	poll.Until(t, "a River retry", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 2 })
 	stop() // restart: a new process picks the job up
 	b.emu.SetFaults(emulator.Faults{})
 	b.Start(t, workers.Config{})
@@ -188,7 +177,7 @@ func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := b.Start(t, workers.Config{MaxAttempts: 1})
-	waitFor(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.pool, "discarded") == 1 })
+	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.pool, "discarded") == 1 })
 	if s, _ := b.status(t, id); s != overage.BillingStatusPending {
 		t.Fatalf("status %s, want pending", s)
 	}
@@ -288,7 +277,7 @@ func TestPermanentErrorFailsTheLogAndStopsRetrying(t *testing.T) {
 	if _, msg := b.status(t, id); !strings.Contains(msg, "No such customer") {
 		t.Fatalf("failure message %q does not carry Stripe's", msg)
 	}
-	waitFor(t, "the job to be cancelled", 10*time.Second, func() bool { return countJobs(t, b.pool, "cancelled") == 1 })
+	poll.Until(t, "the job to be cancelled", 10*time.Second, func() bool { return countJobs(t, b.pool, "cancelled") == 1 })
 	if n := len(b.requestsFor(t, id, overage.DimensionInput)); n != 1 {
 		t.Fatalf("%d requests for a permanently failing log, want 1", n)
 	}

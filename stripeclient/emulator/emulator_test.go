@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overage-billing/overage/internal/fakeclock"
+	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
@@ -113,36 +115,6 @@ func meterForm(customer, identifier string, value int64) url.Values {
 		"payload[stripe_customer_id]": {customer},
 		"payload[value]":              {fmt.Sprint(value)},
 	}
-}
-
-// waitFor polls cond, because the state it waits on is reached by another
-// goroutine (an HTTP handler) with nothing to signal it.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
 }
 
 func TestMeterEventApplied(t *testing.T) {
@@ -283,7 +255,7 @@ func holdInFlight(t *testing.T, h *harness, idemKey string, form url.Values) (ca
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan answer, 1)
 	go func() { done <- h.do(ctx, testKey, idemKey, form) }()
-	waitFor(t, "the first request to be in flight", func() bool { return h.emu.InFlight() == 1 })
+	poll.Until(t, "the first request to be in flight", 10*time.Second, func() bool { return h.emu.InFlight() == 1 })
 	// Later requests must not be delayed; the held one keeps its latency.
 	h.emu.SetFaults(emulator.Faults{})
 	var once sync.Once
@@ -314,7 +286,7 @@ func TestKeyInUseWhileInFlight(t *testing.T) {
 	if first := release(); first.err == nil {
 		t.Errorf("held request answered %d after its client left", first.status)
 	}
-	waitFor(t, "the held request to finish", func() bool { return h.emu.InFlight() == 0 })
+	poll.Until(t, "the held request to finish", 10*time.Second, func() bool { return h.emu.InFlight() == 0 })
 	if n := h.emu.AppliedCount("id-1"); n != 0 {
 		t.Fatalf("AppliedCount %d after the client left mid-processing, want 0", n)
 	}
@@ -350,7 +322,7 @@ func TestConcurrentCallsForOneCustomerAndMeter(t *testing.T) {
 	}
 	// The 429 saved nothing: the same key goes through once the slot frees.
 	release()
-	waitFor(t, "the slot to free", func() bool { return h.emu.InFlight() == 0 })
+	poll.Until(t, "the slot to free", 10*time.Second, func() bool { return h.emu.InFlight() == 0 })
 	if b := h.post("k2", meterForm("cus_a", "id-2", 1)); b.status != 200 || b.header.Get("Idempotent-Replayed") != "" {
 		t.Errorf("retry after 429: status %d replayed=%q", b.status, b.header.Get("Idempotent-Replayed"))
 	}
@@ -395,7 +367,7 @@ func TestKeysAndIdentifiersAreScopedPerAPIKey(t *testing.T) {
 
 func TestWindows(t *testing.T) {
 	t.Parallel()
-	clock := &fakeClock{now: time.Now()}
+	clock := fakeclock.New(time.Now())
 	h := start(t, emulator.Options{Now: clock.Now, KeyTTL: time.Hour, IdentifierTTL: 2 * time.Hour})
 	form := meterForm("cus_a", "usage-log:4:input", 9)
 	form.Set("timestamp", fmt.Sprint(clock.Now().Unix()))
@@ -548,7 +520,7 @@ func TestBlackholedCustomer(t *testing.T) {
 	if n := h.emu.AppliedCount("id-1"); n != 0 {
 		t.Errorf("AppliedCount %d, want 0", n)
 	}
-	waitFor(t, "the outcome to be recorded", func() bool {
+	poll.Until(t, "the outcome to be recorded", 10*time.Second, func() bool {
 		r := h.emu.Requests()
 		return len(r) == 1 && r[0].Outcome == emulator.OutcomeBlackholed
 	})
@@ -562,7 +534,7 @@ func TestCloseReleasesHeldRequests(t *testing.T) {
 	h := start(t, emulator.Options{Faults: emulator.Faults{BlackholeCustomers: []string{"cus_void"}}})
 	done := make(chan answer, 1)
 	go func() { done <- h.post("k1", meterForm("cus_void", "id-1", 1)) }()
-	waitFor(t, "the request to be held", func() bool {
+	poll.Until(t, "the request to be held", 10*time.Second, func() bool {
 		r := h.emu.Requests()
 		return len(r) == 1 && r[0].Outcome == emulator.OutcomeBlackholed
 	})

@@ -9,6 +9,7 @@ import (
 	"github.com/stripe/stripe-go/v79/billing/meter"
 	"github.com/stripe/stripe-go/v79/billing/metereventsummary"
 
+	"github.com/overage-billing/overage/internal/fakeclock"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
@@ -17,7 +18,7 @@ import (
 // and iterator.
 func TestMetersAndSummariesThroughStripeGo(t *testing.T) {
 	t.Parallel()
-	clock := &fakeClock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	clock := fakeclock.New(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 	h := start(t, emulator.Options{Now: clock.Now, Meters: []string{"llm_cached_tokens"}})
 
 	day := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
