@@ -1,7 +1,6 @@
 package stripeclient_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/overage-billing/overage/internal/fakeclock"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/syncbuf"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
@@ -465,7 +465,7 @@ func TestWaitingForTheCustomerLockHonoursContext(t *testing.T) {
 
 func TestSecretKeyIsNeverLogged(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
 	// An emulator that does not know our key answers 401, the answer most
@@ -507,23 +507,6 @@ func TestSecretKeyIsNeverLogged(t *testing.T) {
 	if !strings.Contains(buf.String(), "stripe-go") {
 		t.Errorf("stripe-go's own log lines did not reach the logger, so the check above proves little:\n%s", buf.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // STRIPE_API_BASE is typed by people; a trailing slash must not change

@@ -21,17 +21,6 @@ import (
 // srSecretKey is distinctive so a leak is found by a substring search.
 const srSecretKey = "sk_test_51ReAdErSeCrEtKeyNeverLogged0077"
 
-func srEmulator(t *testing.T, opts emulator.Options) (*emulator.Emulator, string) {
-	t.Helper()
-	emu := emulator.New(opts)
-	t.Cleanup(emu.Close)
-	base, err := emu.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("starting emulator: %v", err)
-	}
-	return emu, base
-}
-
 func srReader(t *testing.T, cfg stripeclient.Config) *stripeclient.SummaryClient {
 	t.Helper()
 	if cfg.SecretKey == "" {
@@ -149,7 +138,7 @@ func TestSummaryReaderRequestsAreAcceptedByStripeMock(t *testing.T) {
 
 func TestSummaryReaderPaginatesAndSumsPerDay(t *testing.T) {
 	t.Parallel()
-	emu, base := srEmulator(t, emulator.Options{Meters: []string{"llm_cached_tokens"}})
+	emu, base := startEmulator(t, emulator.Options{Meters: []string{"llm_cached_tokens"}})
 	sender, err := stripeclient.New(stripeclient.Config{SecretKey: srSecretKey, APIBase: base, RateLimit: 10000})
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +204,7 @@ func TestSummaryReaderPaginatesAndSumsPerDay(t *testing.T) {
 
 func TestSummaryReaderRefusesMisalignedWindowsWithoutSending(t *testing.T) {
 	t.Parallel()
-	emu, base := srEmulator(t, emulator.Options{})
+	emu, base := startEmulator(t, emulator.Options{})
 	r := srReader(t, stripeclient.Config{APIBase: base})
 	day := time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)
 	paris := time.FixedZone("CET", 3600)
@@ -251,7 +240,7 @@ func TestSummaryReaderErrors(t *testing.T) {
 	t.Parallel()
 	var logs srBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	emu, base := srEmulator(t, emulator.Options{})
+	emu, base := startEmulator(t, emulator.Options{})
 	day := time.Now().UTC().Truncate(24 * time.Hour)
 	ctx := context.Background()
 	var texts []string
@@ -293,7 +282,7 @@ func TestSummaryReaderErrors(t *testing.T) {
 	}
 
 	// A key the account does not know: 401, permanent, key not echoed.
-	_, strict := srEmulator(t, emulator.Options{APIKeys: []string{"sk_test_someone_else"}})
+	_, strict := startEmulator(t, emulator.Options{APIKeys: []string{"sk_test_someone_else"}})
 	r = srReader(t, stripeclient.Config{APIBase: strict, Logger: logger})
 	_, err = r.Meters(ctx)
 	if !errors.As(err, &se) || se.Kind != stripeclient.KindPermanent || se.HTTPStatus != 401 {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/syncbuf"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
@@ -168,9 +169,9 @@ func TestChaos(t *testing.T) {
 		"REPORT_WORKERS=20",
 		"LOG_LEVEL=warn",
 	)
-	startWorker := func(extraEnv ...string) (*exec.Cmd, *syncBuffer) {
+	startWorker := func(extraEnv ...string) (*exec.Cmd, *syncbuf.Buffer) {
 		cmd := exec.Command(os.Args[0])
-		var stderr syncBuffer
+		var stderr syncbuf.Buffer
 		cmd.Env = append(append(workerEnv, childEnv+"=work"), extraEnv...)
 		cmd.Stdout, cmd.Stderr = io.Discard, &stderr
 		if err := cmd.Start(); err != nil {

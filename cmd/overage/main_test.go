@@ -8,11 +8,11 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/syncbuf"
 )
 
 // runCmd runs the binary's entry point in-process with env as its whole
@@ -113,7 +113,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	srv, err := NewServer(context.Background(), cfg, newLogger(&logs, cfg.LogLevel))
 	if err != nil {
 		t.Fatal(err)
@@ -212,22 +212,4 @@ func mustID(t *testing.T, body string) string {
 		t.Fatalf("no id in %s", body)
 	}
 	return v.ID
-}
-
-// syncBuffer is a bytes.Buffer safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
