@@ -56,7 +56,7 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 		return fmt.Errorf("seed: %w", err)
 	}
 
-	var hung []string
+	hung := []string{} // not nil: NULL would make "<> ALL" unknown and end the drain at once
 	for n := 1; n <= hang; n++ {
 		hung = append(hung, "cus_drain"+strconv.Itoa(n))
 	}
