@@ -69,8 +69,8 @@ const (
 	StripeAlreadyApplied = "already_applied"
 	StripeRetryable      = "retryable"
 	StripePermanent      = "permanent"
-	// StripeBusy: not sent, the customer's meter already had calls in
-	// flight and queued in this process (the job is snoozed).
+	// StripeBusy: not sent, a call for the customer's meter had hung in
+	// this process with others queued behind it (the job is snoozed).
 	StripeBusy = "busy"
 )
 

@@ -141,8 +141,10 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 	var failed *outcome
 	for i, o := range outcomes {
 		if o.err != nil {
-			// A permanent failure decides the log's fate over a retryable one.
-			if failed == nil || stripeclient.IsPermanent(o.err) {
+			// A permanent failure decides the log's fate over a retryable
+			// one, and any real failure over a busy refusal, which would
+			// snooze without spending an attempt.
+			if failed == nil || stripeclient.IsPermanent(o.err) || stripeclient.IsBusy(failed.err) {
 				failed = &outcomes[i]
 			}
 			continue
