@@ -52,6 +52,14 @@ func Errorf(code ErrorCode, typ, format string, args ...any) *Error {
 	return &Error{Code: code, Type: typ, Message: fmt.Sprintf(format, args...)}
 }
 
+// Invalid is the error of input whose fields failed validation: one problem
+// type for every validator, naming each bad field.
+func Invalid(fields []FieldError, format string, args ...any) *Error {
+	e := Errorf(EINVALID, "validation-failed", format, args...)
+	e.Fields = fields
+	return e
+}
+
 // AsError returns the application error in err's chain, or an internal one
 // that reveals nothing of err: internal details are logged, never shown.
 func AsError(err error) *Error {

@@ -163,9 +163,7 @@ func parseEvent(body []byte, now time.Time) (*Event, error) {
 	}
 
 	if len(fields) > 0 {
-		e := overage.Errorf(overage.EINVALID, "validation-failed", "the usage event is invalid: %s", describe(fields))
-		e.Fields = fields
-		return nil, e
+		return nil, overage.Invalid(fields, "the usage event is invalid: %s", describe(fields))
 	}
 	return ev, nil
 }

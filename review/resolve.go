@@ -82,9 +82,7 @@ func (p ResolveParams) Validate() error {
 		fields = append(fields, overage.FieldError{Field: "idempotency-window", Detail: "must not be negative"})
 	}
 	if len(fields) > 0 {
-		e := overage.Errorf(overage.EINVALID, "validation-failed", "invalid review resolution")
-		e.Fields = fields
-		return e
+		return overage.Invalid(fields, "invalid review resolution")
 	}
 	return nil
 }

@@ -53,9 +53,7 @@ func (p CreateParams) Validate() error {
 		fields = append(fields, overage.FieldError{Field: "included-output-tokens", Detail: "must be >= 0"})
 	}
 	if len(fields) > 0 {
-		e := overage.Errorf(overage.EINVALID, "validation-failed", "invalid tenant")
-		e.Fields = fields
-		return e
+		return overage.Invalid(fields, "invalid tenant")
 	}
 	return nil
 }
