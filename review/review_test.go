@@ -14,7 +14,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/billingtest"
@@ -31,10 +30,7 @@ import (
 // bundle is one test's world (worktest) and the Resolver.
 type bundle struct {
 	*worktest.World
-	pool     *pgxpool.Pool
-	emu      *emulator.Emulator
 	resolver *review.Resolver
-	tenants  map[string]*tenants.Created // by Stripe customer id
 }
 
 // setup builds the world. ingestAttempts is the max attempts of the jobs
@@ -46,8 +42,7 @@ func setup(t *testing.T, opts emulator.Options, ingestAttempts int, customers ..
 		ts = append(ts, tenants.CreateParams{StripeCustomerID: cus})
 	}
 	w := worktest.New(t, worktest.Options{Emulator: opts, IngestMaxAttempts: ingestAttempts, Tenants: ts})
-	return &bundle{World: w, pool: w.Pool, emu: w.Emu, tenants: w.Tenants,
-		resolver: review.NewResolver(w.Pool, outbox.NewInserter(w.River, 5))}
+	return &bundle{World: w, resolver: review.NewResolver(w.Pool, outbox.NewInserter(w.River, 5))}
 }
 
 type logRow struct {
@@ -62,7 +57,7 @@ type logRow struct {
 func (b *bundle) log(t *testing.T, id uuid.UUID) logRow {
 	t.Helper()
 	var l logRow
-	if err := b.pool.QueryRow(context.Background(), `SELECT billing_status, billing_message, first_attempt_at, billed_at,
+	if err := b.Pool.QueryRow(context.Background(), `SELECT billing_status, billing_message, first_attempt_at, billed_at,
 			input_accepted_at, output_accepted_at FROM usage_logs WHERE id = $1`, id).
 		Scan(&l.Status, &l.Message, &l.FirstAttemptAt, &l.BilledAt, &l.InputAccepted, &l.OutputAccepted); err != nil {
 		t.Fatal(err)
@@ -81,7 +76,7 @@ func (b *bundle) waitPastWindow(t *testing.T, id uuid.UUID, window time.Duration
 	t.Helper()
 	poll.Until(t, "the idempotency window to pass by the database clock", window+30*time.Second, func() bool {
 		var past bool
-		if err := b.pool.QueryRow(context.Background(), `SELECT first_attempt_at + make_interval(secs => $2) <= now()
+		if err := b.Pool.QueryRow(context.Background(), `SELECT first_attempt_at + make_interval(secs => $2) <= now()
 			FROM usage_logs WHERE id = $1`, id, window.Seconds()).Scan(&past); err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +91,7 @@ func (b *bundle) requests(t *testing.T, id uuid.UUID, d overage.Dimension) []emu
 	t.Helper()
 	want := overage.MeterEventKey(id, d)
 	var out []emulator.Request
-	for _, r := range b.emu.Requests() {
+	for _, r := range b.Emu.Requests() {
 		if r.Identifier == want || r.IdempotencyKey == want {
 			if r.Identifier != want || r.IdempotencyKey != want {
 				t.Fatalf("request for %s carried key %q and identifier %q, want both %q", id, r.IdempotencyKey, r.Identifier, want)
@@ -115,7 +110,7 @@ type jobRow struct {
 // reportJobs lists the River report jobs of a log.
 func (b *bundle) reportJobs(t *testing.T, id uuid.UUID) []jobRow {
 	t.Helper()
-	rows, err := b.pool.Query(context.Background(), `SELECT id, state::text FROM river_job WHERE kind = $1 AND args->>'usage_log_id' = $2 ORDER BY id`,
+	rows, err := b.Pool.Query(context.Background(), `SELECT id, state::text FROM river_job WHERE kind = $1 AND args->>'usage_log_id' = $2 ORDER BY id`,
 		outbox.ReportArgs{}.Kind(), id.String())
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +132,7 @@ type auditRow struct {
 
 func (b *bundle) audit(t *testing.T, id uuid.UUID) []auditRow {
 	t.Helper()
-	rows, err := b.pool.Query(context.Background(), `SELECT action, reason, actor, previous_status, previous_message, first_attempt_at, forced, created_at
+	rows, err := b.Pool.Query(context.Background(), `SELECT action, reason, actor, previous_status, previous_message, first_attempt_at, forced, created_at
 		FROM review_actions WHERE usage_log_id = $1 ORDER BY created_at, id`, id)
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +159,7 @@ func sameTime(a, b *time.Time) bool {
 
 func requireAppliedEqualsBilled(t *testing.T, b *bundle) {
 	t.Helper()
-	billingtest.RequireStripeMatchesBilled(t, b.pool, b.emu)
+	billingtest.RequireStripeMatchesBilled(t, b.Pool, b.Emu)
 }
 
 // A log parked the real way (a black-holed customer, a 3 s window) and one
@@ -179,7 +174,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 		Faults: emulator.Faults{BlackholeCustomers: []string{"cus_hole"}},
 		KeyTTL: window, IdentifierTTL: window, // the emulator forgets keys as Stripe does, on the test's scale
 	}, 5, "cus_ok", "cus_hole", "cus_gone")
-	b.emu.SetCustomerFailure("cus_gone", "No such customer: 'cus_gone'")
+	b.Emu.SetCustomerFailure("cus_gone", "No such customer: 'cus_gone'")
 	parked := b.Record(t, "cus_hole", 10, 0)
 	failed := b.Record(t, "cus_gone", 5, 3)
 	billed := b.Record(t, "cus_ok", 7, 0)
@@ -196,7 +191,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 	})
 	oldJob := b.reportJobs(t, parked)[0].ID
 
-	items, err := review.List(context.Background(), b.pool, nil)
+	items, err := review.List(context.Background(), b.Pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,12 +212,12 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 		f.OverageInputTokens != 5 || f.OverageOutputTokens != 3 {
 		t.Fatalf("failed item %+v", f)
 	}
-	gone := b.tenants["cus_gone"].ID
-	if only, err := review.List(context.Background(), b.pool, &gone); err != nil || len(only) != 1 || only[0].UsageLogID != failed {
+	gone := b.Tenants["cus_gone"].ID
+	if only, err := review.List(context.Background(), b.Pool, &gone); err != nil || len(only) != 1 || only[0].UsageLogID != failed {
 		t.Fatalf("list of one tenant: %+v %v", only, err)
 	}
-	ok := b.tenants["cus_ok"].ID
-	if none, err := review.List(context.Background(), b.pool, &ok); err != nil || none == nil || len(none) != 0 {
+	ok := b.Tenants["cus_ok"].ID
+	if none, err := review.List(context.Background(), b.Pool, &ok); err != nil || none == nil || len(none) != 0 {
 		t.Fatalf("list of a tenant with nothing to review: %#v %v", none, err)
 	}
 	var table bytes.Buffer
@@ -241,7 +236,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 	}
 
 	// The customer answers again; the window passes by the database clock.
-	b.emu.SetFaults(emulator.Faults{})
+	b.Emu.SetFaults(emulator.Faults{})
 	b.waitPastWindow(t, parked, window)
 	sentBefore := len(b.requests(t, parked, overage.DimensionInput))
 	res, err := b.resolver.Resolve(context.Background(), review.ResolveParams{
@@ -260,7 +255,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 	if len(reqs) <= sentBefore || reqs[len(reqs)-1].Outcome != emulator.OutcomeApplied {
 		t.Fatalf("requests after the resend: %+v", reqs[sentBefore:])
 	}
-	if n := b.emu.AppliedCount(overage.MeterEventKey(parked, overage.DimensionInput)); n != 1 {
+	if n := b.Emu.AppliedCount(overage.MeterEventKey(parked, overage.DimensionInput)); n != 1 {
 		t.Fatalf("applied %d times, want once", n)
 	}
 	if a := b.audit(t, parked); len(a) != 1 || a[0].Action != "resend" || a[0].Actor != "carol" ||
@@ -276,7 +271,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing.T) {
 	t.Parallel()
 	b := setup(t, emulator.Options{}, 5, "cus_ok", "cus_gone")
-	b.emu.SetCustomerFailure("cus_gone", "No such customer: 'cus_gone'")
+	b.Emu.SetCustomerFailure("cus_gone", "No such customer: 'cus_gone'")
 	var gone []uuid.UUID
 	for range 3 {
 		gone = append(gone, b.Record(t, "cus_gone", 5, 1))
@@ -289,7 +284,7 @@ func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing
 	b.waitStatus(t, billed, overage.BillingStatusBilled, 20*time.Second)
 	stop()
 	pending := b.Record(t, "cus_ok", 5, 0) // no workers: it stays pending
-	sent := len(b.emu.Requests())
+	sent := len(b.Emu.Requests())
 	ctx := context.Background()
 
 	// Every missing input is named at once.
@@ -379,14 +374,14 @@ func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing
 		t.Fatalf("%d won, %d refused, %d audit rows; want 1, 7, 1", won.Load(), refused.Load(), len(b.audit(t, gone[2])))
 	}
 
-	if items, err := review.List(ctx, b.pool, nil); err != nil || len(items) != 0 {
+	if items, err := review.List(ctx, b.Pool, nil); err != nil || len(items) != 0 {
 		t.Fatalf("still listed after resolution: %+v %v", items, err)
 	}
-	if n := len(b.emu.Requests()); n != sent {
+	if n := len(b.Emu.Requests()); n != sent {
 		t.Fatalf("billed and void sent %d requests to Stripe", n-sent)
 	}
 	var jobs int
-	if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = $1 AND state NOT IN ('completed', 'cancelled', 'discarded')
+	if err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = $1 AND state NOT IN ('completed', 'cancelled', 'discarded')
 		AND args->>'usage_log_id' = ANY($2)`, outbox.ReportArgs{}.Kind(), []string{gone[0].String(), gone[1].String(), gone[2].String()}).Scan(&jobs); err != nil || jobs != 0 {
 		t.Fatalf("%d report jobs queued for resolved logs (%v)", jobs, err)
 	}
@@ -405,12 +400,12 @@ func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
 	b.Start(t, workers.Config{MaxAttempts: 1, IdempotencyWindow: 2 * time.Second, SweepInterval: 300 * time.Millisecond, SweepGrace: time.Hour})
 	b.waitStatus(t, id, overage.BillingStatusNeedsReview, 30*time.Second)
 	for _, d := range overage.Dimensions {
-		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
+		if n := b.Emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
 			t.Fatalf("%s applied %d times before the review, want once (the lost answer)", d, n)
 		}
 	}
-	b.emu.SetFaults(emulator.Faults{})
-	sent := len(b.emu.Requests())
+	b.Emu.SetFaults(emulator.Faults{})
+	sent := len(b.Emu.Requests())
 	ctx := context.Background()
 
 	_, err := b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "no answer from Stripe", Actor: "dave", IdempotencyWindow: 24 * time.Hour})
@@ -419,8 +414,8 @@ func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
 		t.Fatalf("refusal %+v", e)
 	}
 	time.Sleep(500 * time.Millisecond) // anything queued would have run by now
-	if l := b.log(t, id); l.Status != overage.BillingStatusNeedsReview || len(b.emu.Requests()) != sent || len(b.audit(t, id)) != 0 {
-		t.Fatalf("a refused resend changed something: log %+v, %d requests, audit %+v", l, len(b.emu.Requests())-sent, b.audit(t, id))
+	if l := b.log(t, id); l.Status != overage.BillingStatusNeedsReview || len(b.Emu.Requests()) != sent || len(b.audit(t, id)) != 0 {
+		t.Fatalf("a refused resend changed something: log %+v, %d requests, audit %+v", l, len(b.Emu.Requests())-sent, b.audit(t, id))
 	}
 
 	res, err := b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "no answer from Stripe", Actor: "dave", Force: true, IdempotencyWindow: 24 * time.Hour})
@@ -437,7 +432,7 @@ func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
 		if len(reqs) < 2 || reqs[len(reqs)-1].Outcome != emulator.OutcomeReplayed {
 			t.Fatalf("%s: requests %+v, want the resend answered by Stripe's replay", d, reqs)
 		}
-		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
+		if n := b.Emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
 			t.Fatalf("%s applied %d times, want once", d, n)
 		}
 	}
@@ -458,7 +453,7 @@ func TestResendAfterTheWindowSendsOnlyWhatStripeHasNotAccepted(t *testing.T) {
 	ctx := context.Background()
 	id := b.Record(t, "cus_part", 30, 4)
 	var ts time.Time
-	if err := b.pool.QueryRow(ctx, "SELECT ts FROM usage_logs WHERE id = $1", id).Scan(&ts); err != nil {
+	if err := b.Pool.QueryRow(ctx, "SELECT ts FROM usage_logs WHERE id = $1", id).Scan(&ts); err != nil {
 		t.Fatal(err)
 	}
 	// The input event reaches Stripe first (as an earlier attempt whose
@@ -467,17 +462,17 @@ func TestResendAfterTheWindowSendsOnlyWhatStripeHasNotAccepted(t *testing.T) {
 		Key: overage.MeterEventKey(id, overage.DimensionInput)}); err != nil {
 		t.Fatal(err)
 	}
-	b.emu.SetCustomerFailure("cus_part", "No such customer: 'cus_part'")
+	b.Emu.SetCustomerFailure("cus_part", "No such customer: 'cus_part'")
 	b.Start(t, workers.Config{})
 	b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
 	if l := b.log(t, id); l.InputAccepted == nil || l.OutputAccepted != nil {
 		t.Fatalf("log %+v, want input accepted and output not", l)
 	}
-	items, err := review.List(ctx, b.pool, nil)
+	items, err := review.List(ctx, b.Pool, nil)
 	if err != nil || len(items) != 1 || items[0].InputAcceptedAt == nil || items[0].OutputAcceptedAt != nil {
 		t.Fatalf("list %+v %v", items, err)
 	}
-	b.emu.SetCustomerFailure("cus_part", "") // the operator fixed the customer
+	b.Emu.SetCustomerFailure("cus_part", "") // the operator fixed the customer
 
 	p := review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "customer recreated in Stripe", Actor: "erin", IdempotencyWindow: window}
 	_, err = b.resolver.Resolve(ctx, p)
@@ -502,7 +497,7 @@ func TestResendAfterTheWindowSendsOnlyWhatStripeHasNotAccepted(t *testing.T) {
 		t.Fatalf("output requests %+v", out)
 	}
 	for _, d := range overage.Dimensions {
-		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
+		if n := b.Emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
 			t.Fatalf("%s applied %d times, want once", d, n)
 		}
 	}
@@ -522,7 +517,7 @@ func TestResendWaitsForARunningJobAndReusesALiveOne(t *testing.T) {
 	b := setup(t, emulator.Options{}, 5, "cus_q")
 	ctx := context.Background()
 	id := b.Record(t, "cus_q", 9, 0) // no workers yet: its job stays available
-	if _, err := b.pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = 'Stripe refused it (simulated)',
+	if _, err := b.Pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = 'Stripe refused it (simulated)',
 		first_attempt_at = now() - interval '2 days' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
@@ -530,7 +525,7 @@ func TestResendWaitsForARunningJobAndReusesALiveOne(t *testing.T) {
 	if len(jobs) != 1 || jobs[0].State != "available" {
 		t.Fatalf("jobs %+v", jobs)
 	}
-	if _, err := b.pool.Exec(ctx, "UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() WHERE id = $1", jobs[0].ID); err != nil {
+	if _, err := b.Pool.Exec(ctx, "UPDATE river_job SET state = 'running', attempt = 1, attempted_at = now() WHERE id = $1", jobs[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	p := review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "customer fixed", Actor: "frank"}
@@ -542,7 +537,7 @@ func TestResendWaitsForARunningJobAndReusesALiveOne(t *testing.T) {
 		t.Fatalf("a refused resend changed something: %+v", l)
 	}
 
-	if _, err := b.pool.Exec(ctx, "UPDATE river_job SET state = 'available' WHERE id = $1", jobs[0].ID); err != nil {
+	if _, err := b.Pool.Exec(ctx, "UPDATE river_job SET state = 'available' WHERE id = $1", jobs[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	res, err := b.resolver.Resolve(ctx, p)
@@ -557,7 +552,7 @@ func TestResendWaitsForARunningJobAndReusesALiveOne(t *testing.T) {
 	}
 	b.Start(t, workers.Config{})
 	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
-	if n := b.emu.AppliedCount(overage.MeterEventKey(id, overage.DimensionInput)); n != 1 {
+	if n := b.Emu.AppliedCount(overage.MeterEventKey(id, overage.DimensionInput)); n != 1 {
 		t.Fatalf("applied %d times, want once", n)
 	}
 	requireAppliedEqualsBilled(t, b)

@@ -25,8 +25,6 @@ import (
 
 type bundle struct {
 	*worktest.World
-	pool *pgxpool.Pool
-	emu  *emulator.Emulator
 }
 
 // setup builds the world with three tenants: cus_a and cus_b without an
@@ -38,14 +36,14 @@ func setup(t *testing.T, faults emulator.Faults) *bundle {
 		{Name: "cus_b", StripeCustomerID: "cus_b"},
 		{Name: "cus_capped", StripeCustomerID: "cus_capped", IncludedInputTokens: 500},
 	}})
-	return &bundle{World: w, pool: w.Pool, emu: w.Emu}
+	return &bundle{World: w}
 }
 
 func (b *bundle) status(t *testing.T, id uuid.UUID) (overage.BillingStatus, string) {
 	t.Helper()
 	var s overage.BillingStatus
 	var msg *string
-	if err := b.pool.QueryRow(context.Background(), "SELECT billing_status, billing_message FROM usage_logs WHERE id = $1", id).Scan(&s, &msg); err != nil {
+	if err := b.Pool.QueryRow(context.Background(), "SELECT billing_status, billing_message FROM usage_logs WHERE id = $1", id).Scan(&s, &msg); err != nil {
 		t.Fatal(err)
 	}
 	if msg == nil {
@@ -69,7 +67,7 @@ func (b *bundle) requestsFor(t *testing.T, id uuid.UUID, d overage.Dimension) []
 	t.Helper()
 	want := overage.MeterEventKey(id, d)
 	var out []emulator.Request
-	for _, r := range b.emu.Requests() {
+	for _, r := range b.Emu.Requests() {
 		if r.Identifier == want || r.IdempotencyKey == want {
 			if r.Identifier != want || r.IdempotencyKey != want {
 				t.Fatalf("request for %s carried key %q and identifier %q, want both %q", id, r.IdempotencyKey, r.Identifier, want)
@@ -77,7 +75,7 @@ func (b *bundle) requestsFor(t *testing.T, id uuid.UUID, d overage.Dimension) []
 			out = append(out, r)
 		}
 	}
-	for _, r := range b.emu.Requests() {
+	for _, r := range b.Emu.Requests() {
 		if strings.Contains(r.IdempotencyKey, id.String()) && r.IdempotencyKey != want && !strings.HasSuffix(r.IdempotencyKey, ":input") && !strings.HasSuffix(r.IdempotencyKey, ":output") {
 			t.Fatalf("a request for %s carried a key not derived from it: %q", id, r.IdempotencyKey)
 		}
@@ -106,7 +104,7 @@ func TestReportBillsEveryLogOnceWithKeysDerivedFromTheLog(t *testing.T) {
 						t.Logf("%+v", r)
 					}
 					var errs string
-					_ = b.pool.QueryRow(context.Background(), "SELECT errors::text FROM river_job WHERE args->>'usage_log_id' = $1", id.String()).Scan(&errs)
+					_ = b.Pool.QueryRow(context.Background(), "SELECT errors::text FROM river_job WHERE args->>'usage_log_id' = $1", id.String()).Scan(&errs)
 					t.Logf("job errors: %s", errs)
 					t.Fatalf("unexpected outcome without faults: %+v", r)
 				}
@@ -114,17 +112,17 @@ func TestReportBillsEveryLogOnceWithKeysDerivedFromTheLog(t *testing.T) {
 		}
 	}
 	var billedAt *time.Time
-	if err := b.pool.QueryRow(context.Background(), "SELECT billed_at FROM usage_logs WHERE id = $1", ids[0]).Scan(&billedAt); err != nil || billedAt == nil {
+	if err := b.Pool.QueryRow(context.Background(), "SELECT billed_at FROM usage_logs WHERE id = $1", ids[0]).Scan(&billedAt); err != nil || billedAt == nil {
 		t.Fatalf("billed_at = %v (%v)", billedAt, err)
 	}
-	if n := countJobs(t, b.pool, "completed"); n != len(ids) {
+	if n := countJobs(t, b.Pool, "completed"); n != len(ids) {
 		t.Fatalf("%d completed report jobs, want %d", n, len(ids))
 	}
 }
 
 func requireAppliedEqualsBilled(t *testing.T, b *bundle) {
 	t.Helper()
-	billingtest.RequireStripeMatchesBilled(t, b.pool, b.emu)
+	billingtest.RequireStripeMatchesBilled(t, b.Pool, b.Emu)
 }
 
 func countJobs(t *testing.T, pool *pgxpool.Pool, state string) int {
@@ -144,10 +142,10 @@ func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
 	id := b.Record(t, "cus_a", 100, 0)
 	stop := b.Start(t, workers.Config{})
 	poll.Until(t, "the lost response", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 1 })
-	b.emu.SetFaults(emulator.Faults{ServerErrorRate: 1})
+	b.Emu.SetFaults(emulator.Faults{ServerErrorRate: 1})
 	poll.Until(t, "a River retry", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 2 })
 	stop() // restart: a new process picks the job up
-	b.emu.SetFaults(emulator.Faults{})
+	b.Emu.SetFaults(emulator.Faults{})
 	b.Start(t, workers.Config{})
 	b.waitStatus(t, id, overage.BillingStatusBilled, 30*time.Second)
 
@@ -161,7 +159,7 @@ func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
 	if reqs[len(reqs)-1].Outcome != emulator.OutcomeReplayed {
 		t.Fatalf("last answer %q, want Stripe's replay of the saved response", reqs[len(reqs)-1].Outcome)
 	}
-	if n := b.emu.AppliedCount(overage.MeterEventKey(id, overage.DimensionInput)); n != 1 {
+	if n := b.Emu.AppliedCount(overage.MeterEventKey(id, overage.DimensionInput)); n != 1 {
 		t.Fatalf("applied %d times, want once", n)
 	}
 	requireAppliedEqualsBilled(t, b)
@@ -173,20 +171,20 @@ func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 	// stays pending although Stripe applied it.
 	b := setup(t, emulator.Faults{LostResponseRate: 1})
 	id := b.Record(t, "cus_b", 40, 2)
-	if _, err := b.pool.Exec(context.Background(), "UPDATE river_job SET max_attempts = 1"); err != nil {
+	if _, err := b.Pool.Exec(context.Background(), "UPDATE river_job SET max_attempts = 1"); err != nil {
 		t.Fatal(err)
 	}
 	stop := b.Start(t, workers.Config{MaxAttempts: 1})
-	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.pool, "discarded") == 1 })
+	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.Pool, "discarded") == 1 })
 	if s, _ := b.status(t, id); s != overage.BillingStatusPending {
 		t.Fatalf("status %s, want pending", s)
 	}
 	stop()
-	b.emu.SetFaults(emulator.Faults{})
+	b.Emu.SetFaults(emulator.Faults{})
 	// A sweep with no grace requeues it at once.
 	b.Start(t, workers.Config{SweepInterval: 200 * time.Millisecond, SweepGrace: time.Millisecond})
 	defer func() {
-		rows, _ := b.pool.Query(context.Background(), "SELECT kind, state::text, attempt, errors::text FROM river_job ORDER BY id")
+		rows, _ := b.Pool.Query(context.Background(), "SELECT kind, state::text, attempt, errors::text FROM river_job ORDER BY id")
 		for rows.Next() {
 			var k, st string
 			var a int
@@ -197,7 +195,7 @@ func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 	}()
 	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
 	for _, d := range overage.Dimensions {
-		if n := b.emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
+		if n := b.Emu.AppliedCount(overage.MeterEventKey(id, d)); n != 1 {
 			t.Fatalf("%s applied %d times, want once", d, n)
 		}
 		if len(b.requestsFor(t, id, d)) < 1 {
@@ -213,8 +211,8 @@ func TestSweepSkipsLogsWithALiveJob(t *testing.T) {
 	b.Record(t, "cus_a", 5, 5)
 	b.Record(t, "cus_a", 6, 6)
 	// No workers run: both jobs are live (available). A sweep inserts none.
-	sweeper := workers.NewSweeper(b.pool, workers.Config{SweepGrace: time.Millisecond})
-	rc, err := river.NewClient(riverpgxv5.New(b.pool), &river.Config{})
+	sweeper := workers.NewSweeper(b.Pool, workers.Config{SweepGrace: time.Millisecond})
+	rc, err := river.NewClient(riverpgxv5.New(b.Pool), &river.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +224,7 @@ func TestSweepSkipsLogsWithALiveJob(t *testing.T) {
 	if res.Requeued != 0 || res.Skipped != 2 {
 		t.Fatalf("sweep with live jobs: %+v, want 2 skipped", res)
 	}
-	if _, err := b.pool.Exec(context.Background(), "UPDATE river_job SET state = 'discarded', finalized_at = now()"); err != nil {
+	if _, err := b.Pool.Exec(context.Background(), "UPDATE river_job SET state = 'discarded', finalized_at = now()"); err != nil {
 		t.Fatal(err)
 	}
 	res, err = sweeper.Sweep(context.Background(), rc)
@@ -243,7 +241,7 @@ func TestWindowGuardParksALogAndStopsSending(t *testing.T) {
 	b.Start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Millisecond, JobTimeout: 2 * time.Second})
 	b.waitStatus(t, id, overage.BillingStatusNeedsReview, 30*time.Second)
 	var first time.Time
-	if err := b.pool.QueryRow(context.Background(), "SELECT first_attempt_at FROM usage_logs WHERE id = $1", id).Scan(&first); err != nil {
+	if err := b.Pool.QueryRow(context.Background(), "SELECT first_attempt_at FROM usage_logs WHERE id = $1", id).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
 	// Let any straggler show itself, then check nothing went out late.
@@ -260,7 +258,7 @@ func TestWindowGuardParksALogAndStopsSending(t *testing.T) {
 	if s, msg := b.status(t, id); s != overage.BillingStatusNeedsReview || !strings.Contains(msg, "idempotency window") {
 		t.Fatalf("status %s %q", s, msg)
 	}
-	if len(b.emu.Events()) != 0 {
+	if len(b.Emu.Events()) != 0 {
 		t.Fatal("a blackholed customer's event was applied")
 	}
 }
@@ -268,7 +266,7 @@ func TestWindowGuardParksALogAndStopsSending(t *testing.T) {
 func TestPermanentErrorFailsTheLogAndStopsRetrying(t *testing.T) {
 	t.Parallel()
 	b := setup(t, emulator.Faults{})
-	b.emu.SetCustomerFailure("cus_b", "No such customer: 'cus_b'")
+	b.Emu.SetCustomerFailure("cus_b", "No such customer: 'cus_b'")
 	id := b.Record(t, "cus_b", 10, 0)
 	ok := b.Record(t, "cus_a", 10, 0)
 	b.Start(t, workers.Config{})
@@ -277,7 +275,7 @@ func TestPermanentErrorFailsTheLogAndStopsRetrying(t *testing.T) {
 	if _, msg := b.status(t, id); !strings.Contains(msg, "No such customer") {
 		t.Fatalf("failure message %q does not carry Stripe's", msg)
 	}
-	poll.Until(t, "the job to be cancelled", 10*time.Second, func() bool { return countJobs(t, b.pool, "cancelled") == 1 })
+	poll.Until(t, "the job to be cancelled", 10*time.Second, func() bool { return countJobs(t, b.Pool, "cancelled") == 1 })
 	if n := len(b.requestsFor(t, id, overage.DimensionInput)); n != 1 {
 		t.Fatalf("%d requests for a permanently failing log, want 1", n)
 	}
@@ -308,7 +306,7 @@ func TestOneHangingCustomerDoesNotHoldEveryWorker(t *testing.T) {
 		}
 	}
 	var sent int
-	for _, r := range b.emu.Requests() {
+	for _, r := range b.Emu.Requests() {
 		if r.Customer == "cus_b" {
 			sent++
 		}
