@@ -62,6 +62,25 @@ func (l *keyedLock) lock(ctx context.Context, key string, limit int, slow time.D
 	e.refs++
 	l.mu.Unlock()
 
+	acquired := func() func() {
+		l.mu.Lock()
+		e.heldSince = time.Now()
+		l.mu.Unlock()
+		return func() {
+			l.mu.Lock()
+			e.heldSince = time.Time{}
+			l.mu.Unlock()
+			<-e.sem
+			l.drop(key, e)
+		}
+	}
+	// A free key is taken without a timer: that is every call of a
+	// customer without a backlog.
+	select {
+	case e.sem <- struct{}{}:
+		return acquired(), nil
+	default:
+	}
 	var recheck <-chan time.Time
 	if slow > 0 {
 		t := time.NewTicker(max(slow/4, 10*time.Millisecond))
@@ -71,16 +90,7 @@ func (l *keyedLock) lock(ctx context.Context, key string, limit int, slow time.D
 	for {
 		select {
 		case e.sem <- struct{}{}:
-			l.mu.Lock()
-			e.heldSince = time.Now()
-			l.mu.Unlock()
-			return func() {
-				l.mu.Lock()
-				e.heldSince = time.Time{}
-				l.mu.Unlock()
-				<-e.sem
-				l.drop(key, e)
-			}, nil
+			return acquired(), nil
 		case <-ctx.Done():
 			l.drop(key, e)
 			return nil, ctx.Err()
