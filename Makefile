@@ -6,7 +6,7 @@ LOCAL_PG := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 # it is unset, the local PostgreSQL if it answers, else testcontainers-go.
 WITH_TEST_DB = if [ -z "$$DATABASE_URL" ] && pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then export DATABASE_URL='$(LOCAL_PG)'; fi;
 
-.PHONY: help build run test lint bench chaos
+.PHONY: help build run test lint bench chaos fuzz
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -22,6 +22,18 @@ test: ## every test, against a real PostgreSQL (DATABASE_URL), with the race det
 
 chaos: ## the chaos test at full size: 2,000 events, workers SIGKILLed mid-drain, a faulty Stripe
 	@$(WITH_TEST_DB) CHAOS_EVENTS=$${CHAOS_EVENTS:-2000} $(GO) test -race -count=1 -timeout 30m -run '^TestChaos$$' -v ./cmd/overage
+
+# Each fuzz target with its package; `make test` runs their corpora
+# (testdata/fuzz/...) as ordinary tests.
+FUZZ_TARGETS := ./ingest:FuzzCanonicalJSON ./ingest:FuzzFingerprintIsSameRequest ./ingest:FuzzParseEvent \
+	./ingest:FuzzIdempotencyKey ./ingest:FuzzCreateUsageEvent ./webhooks:FuzzWebhookPayload
+FUZZTIME ?= 1m
+
+fuzz: ## run each fuzz target for FUZZTIME (1m); a finding is written to the package's testdata/fuzz
+	@$(WITH_TEST_DB) set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) -parallel $${FUZZ_PARALLEL:-2} "$${t%%:*}"; \
+	done
 
 lint: ## go vet and a gofmt check
 	$(GO) vet ./...

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // fingerprint is SHA-256 over the method, the path and the RFC 8785
@@ -32,6 +34,11 @@ func fingerprint(method, path string, body []byte) ([]byte, error) {
 // canonicalJSON returns the JSON Canonicalization Scheme (RFC 8785) form of
 // a JSON text: object members sorted by UTF-16 code units, no whitespace,
 // numbers as ECMAScript prints them, strings with minimal escaping.
+//
+// Like RFC 8785 it accepts only I-JSON (RFC 7493): Go's decoder would
+// otherwise keep the last of two duplicate keys and turn invalid UTF-8 and
+// lone surrogates into U+FFFD, so two different bodies would get one
+// canonical form and one fingerprint.
 func canonicalJSON(data []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
@@ -41,6 +48,9 @@ func canonicalJSON(data []byte) ([]byte, error) {
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("canonicalize: trailing data after the JSON value")
+	}
+	if err := checkIJSON(data); err != nil {
+		return nil, fmt.Errorf("canonicalize: %w", err)
 	}
 	var b bytes.Buffer
 	if err := writeCanonical(&b, v); err != nil {
@@ -145,4 +155,98 @@ func es6Number(f float64) string {
 	mant, exp, _ := strings.Cut(s, "e")
 	expSign, digits := exp[:1], strings.TrimLeft(exp[1:], "0")
 	return sign + mant + "e" + expSign + digits
+}
+
+// checkIJSON refuses what I-JSON forbids and Go's decoder lets through:
+// invalid UTF-8, escaped lone surrogates, and duplicate member names. data
+// is already known to be one valid JSON value.
+func checkIJSON(data []byte) error {
+	if !utf8.Valid(data) {
+		return errors.New("the body is not valid UTF-8")
+	}
+	// Outside strings a valid JSON text has no backslash, so every
+	// backslash starts an escape.
+	for i := 0; i < len(data); i++ {
+		if data[i] != '\\' {
+			continue
+		}
+		i++
+		if data[i] != 'u' {
+			continue
+		}
+		r := hex4(data[i+1 : i+5])
+		i += 4
+		switch {
+		case utf16.IsSurrogate(r) && r < 0xdc00 && i+6 < len(data) && data[i+1] == '\\' && data[i+2] == 'u' &&
+			utf16.DecodeRune(r, hex4(data[i+3:i+7])) != utf8.RuneError:
+			i += 6 // a high surrogate and its low surrogate: one character
+		case utf16.IsSurrogate(r):
+			return fmt.Errorf(`a string holds the lone surrogate \u%04x`, r)
+		}
+	}
+	return checkDuplicateNames(json.NewDecoder(bytes.NewReader(data)))
+}
+
+// hex4 decodes four hexadecimal digits already validated by the decoder.
+func hex4(b []byte) rune {
+	n, _ := strconv.ParseUint(string(b), 16, 32)
+	return rune(n)
+}
+
+// checkDuplicateNames walks the tokens of one JSON value and fails on an
+// object naming a member twice.
+func checkDuplicateNames(dec *json.Decoder) error {
+	var stack []*nameFrame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		var top *nameFrame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.names != nil && top.expectKey {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:len(stack)-1]
+				valueEnded(stack)
+				continue
+			}
+			name := tok.(string)
+			if top.names[name] {
+				return fmt.Errorf("the member %q appears twice in one object", name)
+			}
+			top.names[name] = true
+			top.expectKey = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &nameFrame{names: map[string]bool{}, expectKey: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &nameFrame{})
+			continue
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		valueEnded(stack)
+	}
+}
+
+// nameFrame is one open object or array of checkDuplicateNames.
+type nameFrame struct {
+	names     map[string]bool // nil for an array
+	expectKey bool
+}
+
+// valueEnded notes that a member's value ended: its object now expects the
+// next name.
+func valueEnded(stack []*nameFrame) {
+	if len(stack) > 0 && stack[len(stack)-1].names != nil {
+		stack[len(stack)-1].expectKey = true
+	}
 }

@@ -93,6 +93,10 @@ func parseEvent(body []byte, now time.Time) (*Event, error) {
 			bad(name, "must be 1 to %d characters", maxTextLen)
 			return nil
 		}
+		if strings.ContainsRune(s, 0) { // PostgreSQL's text cannot hold it
+			bad(name, "must not contain the NUL character")
+			return nil
+		}
 		return &s
 	}
 	tokens := func(name string) int64 {

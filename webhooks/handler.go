@@ -132,6 +132,11 @@ func (h *Handler) receive(w http.ResponseWriter, r *http.Request) {
 		ID: ev.ID, Account: account, Type: string(ev.Type), APIVersion: ev.APIVersion,
 		Livemode: ev.Livemode, Created: ev.Created, Payload: body,
 	})
+	if dberr.IsDataException(err) {
+		httpx.Error(w, r, h.logger, overage.Errorf(overage.EMALFORMED, "malformed-request",
+			"the event holds a value that cannot be stored (a NUL character or a lone surrogate): %v", err))
+		return
+	}
 	if err != nil {
 		httpx.Error(w, r, h.logger, dberr.Classify(err, "the database is unreachable; nothing was stored, Stripe will retry"))
 		return

@@ -52,6 +52,14 @@ func IsUnavailable(err error) bool {
 		errors.Is(err, context.DeadlineExceeded)
 }
 
+// IsDataException reports whether PostgreSQL refused a value it cannot
+// hold (SQLSTATE class 22: a NUL in text or jsonb, a lone surrogate, a
+// number or time out of range): the input is at fault, not the database.
+func IsDataException(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code[:2] == "22"
+}
+
 // unavailableError is EUNAVAILABLE with its cause kept for the log.
 type unavailableError struct {
 	cause   error

@@ -1,0 +1,218 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/overage-billing/overage"
+)
+
+// The fuzz targets below run their checked-in corpora (testdata/fuzz/...)
+// and seeds as ordinary tests; `make fuzz` explores each for a minute.
+
+// hostileBodies are the seeds every body target starts from: what no honest
+// client sends.
+var hostileBodies = []string{
+	`{"user_id":"u","model_id":"m","input_tokens":1,"output_tokens":2}`,
+	`{"user_id":"u","model_id":"m","input_tokens":1,"output_tokens":2,"input_tokens":3}`,
+	`{"user_id":"u","user_id":"u","model_id":"m","input_tokens":1,"output_tokens":2}`,
+	`{"user_id":"\ud800","model_id":"m","input_tokens":1,"output_tokens":2}`,
+	`{"user_id":"\udc00\ud800","model_id":"m","input_tokens":1,"output_tokens":2}`,
+	`{"user_id":"\ud83d\ude00","model_id":"m","input_tokens":1,"output_tokens":2}`,
+	"{\"user_id\":\"\xff\xfe\",\"model_id\":\"m\",\"input_tokens\":1,\"output_tokens\":2}",
+	`{"user_id":"\u0000","model_id":"m","input_tokens":1,"output_tokens":2}`,
+	`{"user_id":"u","model_id":"m","input_tokens":-0,"output_tokens":2}`,
+	`{"user_id":"u","model_id":"m","input_tokens":1e400,"output_tokens":2}`,
+	`{"user_id":"u","model_id":"m","input_tokens":99999999999999999999999,"output_tokens":2}`,
+	`{"user_id":"u","model_id":"m","input_tokens":1099511627776,"output_tokens":1.0}`,
+	`{"a":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}`,
+	`{"a":{"b":{},"b":1}}`,
+	`{"\u0061":1,"a":2}`,
+	`[-0, 0, 1E2, 100, 1e-7, 5e-324, 1.7976931348623157e308]`,
+	`{"user_id":"u","model_id":"m","input_tokens":1,"output_tokens":2,"timestamp":"2026-11-30T10:00:00.123456789+14:00"}`,
+	`{"user_id":"u","model_id":"m","input_tokens":1,"output_tokens":2,"tenant_id":"not-a-uuid"}`,
+	`{} {}`,
+	`null`,
+	``,
+}
+
+// FuzzCanonicalJSON: every input either fails cleanly or yields a canonical
+// form that is valid JSON, is its own canonical form, and means the same
+// JSON value as the input.
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, s := range hostileBodies {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		canon, err := canonicalJSON(data)
+		if err != nil {
+			return
+		}
+		if !utf8.Valid(data) {
+			t.Fatalf("invalid UTF-8 accepted: %q", data)
+		}
+		if !json.Valid(canon) {
+			t.Fatalf("canonical form of %q is not JSON: %q", data, canon)
+		}
+		again, err := canonicalJSON(canon)
+		if err != nil || !bytes.Equal(again, canon) {
+			t.Fatalf("canonical form %q is not its own canonical form: %q, %v", canon, again, err)
+		}
+		if !sameJSONValue(t, data, canon) {
+			t.Fatalf("canonical form %q means something else than %q", canon, data)
+		}
+	})
+}
+
+// FuzzFingerprintIsSameRequest: two bodies are the same request (one
+// fingerprint) exactly when they are the same JSON value — never when they
+// differ, whatever key order, whitespace, escapes or number spelling.
+func FuzzFingerprintIsSameRequest(f *testing.F) {
+	for i, s := range hostileBodies {
+		f.Add([]byte(s), []byte(hostileBodies[(i+1)%len(hostileBodies)]))
+		f.Add([]byte(s), []byte(s))
+	}
+	f.Add([]byte(`{"b":1,"a":"\u00e9"}`), []byte(" {\"a\" : \"é\", \"b\" : 1.0 } "))
+	f.Add([]byte(`{"a":"\ud800"}`), []byte(`{"a":"\udc00"}`))
+	f.Add([]byte(`{"a":"\ufffd"}`), []byte(`{"a":"\ud800"}`))
+	f.Add([]byte(`{"a":1,"a":2}`), []byte(`{"a":2}`))
+	f.Add([]byte(`{"a":-0}`), []byte(`{"a":0}`))
+	f.Add([]byte(`{"a":1e400}`), []byte(`{"a":1e401}`))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		fa, errA := fingerprint(http.MethodPost, "/v1/usage-events", a)
+		fb, errB := fingerprint(http.MethodPost, "/v1/usage-events", b)
+		if errA != nil || errB != nil {
+			return
+		}
+		if same := sameJSONValue(t, a, b); same != bytes.Equal(fa, fb) {
+			t.Fatalf("same JSON value %v, same fingerprint %v:\n%q\n%q", same, !same, a, b)
+		}
+	})
+}
+
+// FuzzParseEvent: the body parser never panics, refuses with 400 or 422
+// only, and what it accepts is within the documented bounds.
+func FuzzParseEvent(f *testing.F) {
+	for _, s := range hostileBodies {
+		f.Add([]byte(s))
+	}
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		ev, err := parseEvent(body, now)
+		if err != nil {
+			var e *overage.Error
+			if !errors.As(err, &e) || (e.Code != overage.EMALFORMED && e.Code != overage.EINVALID) {
+				t.Fatalf("%q refused with %v, want a 400 or 422 error", body, err)
+			}
+			return
+		}
+		for name, n := range map[string]int64{"input_tokens": ev.InputTokens, "output_tokens": ev.OutputTokens} {
+			if n < 0 || n > maxTokens {
+				t.Fatalf("%q: %s = %d accepted", body, name, n)
+			}
+		}
+		if ev.InputTokens+ev.OutputTokens == 0 {
+			t.Fatalf("%q: an event of zero tokens accepted", body)
+		}
+		if ev.UserID == "" || len(ev.UserID) > maxTextLen || ev.ModelID == "" || len(ev.ModelID) > maxTextLen {
+			t.Fatalf("%q: user_id %q or model_id %q out of bounds", body, ev.UserID, ev.ModelID)
+		}
+		if ev.Timestamp.After(now.Add(maxFutureSkew)) || ev.Timestamp.Before(now.Add(-maxEventAge)) {
+			t.Fatalf("%q: timestamp %s out of bounds", body, ev.Timestamp)
+		}
+	})
+}
+
+// FuzzIdempotencyKey: the key parser never panics, accepts only 1-255
+// printable ASCII characters, and the bare and the structured-field form of
+// an accepted key name the same key.
+func FuzzIdempotencyKey(f *testing.F) {
+	for _, s := range []string{"k", `"k"`, `"a\"b\\c"`, `"unterminated`, `"bad\escape"`, "\x00", "é", " padded ", `""`, "\"\"\"", string(make([]byte, 256))} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		key, err := parseIdempotencyKey(http.Header{"Idempotency-Key": {v}})
+		if err != nil {
+			var e *overage.Error
+			if !errors.As(err, &e) || e.Code != overage.EMALFORMED {
+				t.Fatalf("%q refused with %v, want a 400 error", v, err)
+			}
+			return
+		}
+		if len(key) == 0 || len(key) > maxKeyLen {
+			t.Fatalf("%q: key of %d bytes accepted", v, len(key))
+		}
+		for i := 0; i < len(key); i++ {
+			if key[i] < 0x20 || key[i] > 0x7e {
+				t.Fatalf("%q: key %q holds byte %#x", v, key, key[i])
+			}
+		}
+		quoted := strconv.Quote(key) // printable ASCII: only \" and \\ escapes
+		if again, err := parseIdempotencyKey(http.Header{"Idempotency-Key": {quoted}}); err != nil || again != key {
+			t.Fatalf("%q: key %q sent as %s parses as %q, %v", v, key, quoted, again, err)
+		}
+	})
+}
+
+// sameJSONValue reports whether a and b, both valid I-JSON, are the same
+// value: numbers compare as IEEE doubles (so -0 is 0 and 1.0 is 1), strings
+// by their characters, objects regardless of member order.
+func sameJSONValue(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	return equalValues(decodeNumbers(t, a), decodeNumbers(t, b))
+}
+
+func decodeNumbers(t *testing.T, data []byte) any {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		t.Fatalf("decode %q: %v", data, err)
+	}
+	return v
+}
+
+func equalValues(a, b any) bool {
+	switch a := a.(type) {
+	case json.Number:
+		b, ok := b.(json.Number)
+		if !ok {
+			return false
+		}
+		fa, errA := strconv.ParseFloat(string(a), 64)
+		fb, errB := strconv.ParseFloat(string(b), 64)
+		return errA == nil && errB == nil && !math.IsInf(fa, 0) && fa == fb
+	case []any:
+		b, ok := b.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !equalValues(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, v := range a {
+			if w, ok := b[k]; !ok || !equalValues(v, w) {
+				return false
+			}
+		}
+		return true
+	default:
+		return a == b
+	}
+}
