@@ -70,6 +70,12 @@ func (p *Proxy) serve() {
 			continue
 		}
 		p.mu.Lock()
+		if p.down { // cut while dialling: this connection must not survive the cut
+			p.mu.Unlock()
+			_ = client.Close()
+			_ = server.Close()
+			continue
+		}
 		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
 		p.mu.Unlock()
 		pipe := func(dst, src net.Conn) {

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/overage-billing/overage/internal/syncbuf"
+)
+
+// faultWorld is what the fault tests share: a database, the API key of a
+// tenant billed for every token, and a way to run `overage serve` and
+// `overage work` as real child processes.
+type faultWorld struct {
+	dbURL  string
+	pool   *pgxpool.Pool
+	apiKey string
+}
+
+func newFaultWorld(t *testing.T, dbURL string) *faultWorld {
+	t.Helper()
+	out, _, err := runCmd(t, map[string]string{"DATABASE_URL": dbURL}, "tenant", "create", "--name", "faults", "--stripe-customer", "cus_faults")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tn struct {
+		APIKey string `json:"api_key"`
+	}
+	if err := json.Unmarshal([]byte(out), &tn); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &faultWorld{dbURL: dbURL, pool: pool, apiKey: tn.APIKey}
+}
+
+func (w *faultWorld) count(t *testing.T, q string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := w.pool.QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// child is an `overage` subcommand running as a child process.
+type child struct {
+	cmd    *exec.Cmd
+	stderr *syncbuf.Buffer
+	done   chan error
+}
+
+// startChild runs `overage args` with env added to the test's environment;
+// t's cleanup kills it if the test did not stop it.
+func startChild(t *testing.T, args string, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	c := &child{cmd: cmd, stderr: &syncbuf.Buffer{}, done: make(chan error, 1)}
+	cmd.Env = append(append(os.Environ(), childEnv+"="+args, "LOG_LEVEL=warn"), env...)
+	cmd.Stdout, cmd.Stderr = io.Discard, c.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { c.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-c.done
+	})
+	return c
+}
+
+// exited reports whether the child has exited, and how.
+func (c *child) exited() (bool, error) {
+	select {
+	case err := <-c.done:
+		c.done <- err
+		return true, err
+	default:
+		return false, nil
+	}
+}
+
+// stop sends SIGTERM and waits up to grace for the exit.
+func (c *child) stop(t *testing.T, grace time.Duration) (error, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-c.done:
+		c.done <- err
+		return err, time.Since(start)
+	case <-time.After(grace):
+		t.Fatalf("no exit %s after SIGTERM; stderr:\n%s", grace, tail(c.stderr.String(), 20))
+		return nil, 0
+	}
+}
+
+// freeAddr returns a loopback address nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+// answer is one HTTP answer to a usage event.
+type answer struct {
+	status     int
+	retryAfter string
+	body       []byte
+	took       time.Duration
+	err        error
+}
+
+// ingestClient is the ingest client of the fault tests: a bounded wait per
+// request, so a hang shows as an error rather than a stuck test.
+var ingestClient = &http.Client{Timeout: 20 * time.Second}
+
+func postUsage(addr, apiKey, key, body string) answer {
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/usage-events", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	res, err := ingestClient.Do(req)
+	if err != nil {
+		return answer{err: err, took: time.Since(start)}
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	return answer{status: res.StatusCode, retryAfter: res.Header.Get("Retry-After"), body: b, took: time.Since(start), err: err}
+}
+
+// flood posts distinct events from workers goroutines until stop is
+// closed, each retried under its key, as a client does after a 503, until
+// it is answered 2xx or giveUp passes. It returns the acknowledged events:
+// request_id → usage log id.
+type flood struct {
+	addr, apiKey string
+	mu           sync.Mutex
+	acked        map[string]string
+	answers      map[int]int // status → count, 0 for a transport error
+	unavailable  []answer    // every 503
+	worst        time.Duration
+	errs         []string
+	next         atomic.Int64
+}
+
+func newFlood(addr, apiKey string) *flood {
+	return &flood{addr: addr, apiKey: apiKey, acked: map[string]string{}, answers: map[int]int{}}
+}
+
+func (f *flood) run(workers int, stop <-chan struct{}, giveUp time.Duration, retryTransportErrors bool) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				f.one(int(f.next.Add(1)), giveUp, retryTransportErrors)
+			}
+		}()
+	}
+	return &wg
+}
+
+func (f *flood) one(i int, giveUp time.Duration, retryTransportErrors bool) {
+	reqID := fmt.Sprintf("req-%d", i)
+	body := fmt.Sprintf(`{"request_id":%q,"user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, reqID, i%5, 100+i%50, 10+i%20)
+	deadline := time.Now().Add(giveUp)
+	for {
+		a := postUsage(f.addr, f.apiKey, "key-"+reqID, body)
+		f.mu.Lock()
+		f.answers[a.status]++
+		f.worst = max(f.worst, a.took)
+		switch {
+		case a.err == nil && (a.status == http.StatusAccepted || a.status == http.StatusOK):
+			var l struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(a.body, &l); err != nil || l.ID == "" {
+				f.errs = append(f.errs, fmt.Sprintf("%s: %d without a usage log: %s", reqID, a.status, a.body))
+			}
+			f.acked[reqID] = l.ID
+			f.mu.Unlock()
+			return
+		case a.err == nil && a.status == http.StatusServiceUnavailable:
+			f.unavailable = append(f.unavailable, a)
+		case a.err == nil && a.status == http.StatusConflict && strings.Contains(string(a.body), "in-progress"):
+		case a.err != nil && retryTransportErrors:
+		default:
+			f.errs = append(f.errs, fmt.Sprintf("%s: %d %v %s", reqID, a.status, a.err, a.body))
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// requireRecordedOnce checks every acknowledged event against usage_logs:
+// each is there once, under the id it was answered with, and no log lacks
+// its idempotency record (half-written). It returns how many logs exist.
+func (f *flood) requireRecordedOnce(t *testing.T, w *faultWorld) int {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.errs) > 0 {
+		t.Fatalf("%d requests failed, first: %s", len(f.errs), f.errs[0])
+	}
+	rows, err := w.pool.Query(context.Background(), `SELECT request_id, id::text FROM usage_logs`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]string{}
+	for rows.Next() {
+		var reqID, id string
+		if err := rows.Scan(&reqID, &id); err != nil {
+			t.Fatal(err)
+		}
+		if _, dup := stored[reqID]; dup {
+			t.Fatalf("request %s recorded twice", reqID)
+		}
+		stored[reqID] = id
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for reqID, id := range f.acked {
+		if stored[reqID] != id {
+			t.Fatalf("acknowledged %s as usage log %s; the database holds %q", reqID, id, stored[reqID])
+		}
+	}
+	if n := w.count(t, `SELECT count(*) FROM usage_logs l WHERE NOT EXISTS
+		(SELECT 1 FROM idempotency_keys k WHERE k.usage_log_id = l.id)`); n != 0 {
+		t.Fatalf("%d usage logs without their idempotency record: half-written", n)
+	}
+	return len(stored)
+}
