@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,22 @@ import (
 // after SIGTERM.
 const shutdownTimeout = 25 * time.Second
 
+// Every request under /v1/ has a deadline. pgxpool has no acquire timeout:
+// without one, a request finding the pool full (a stalled database, a
+// burst) would wait without limit, and the client with it. Past the
+// deadline the database call fails and the request answers 503 with
+// Retry-After. An ingest transaction takes milliseconds; the finance
+// report may read many rows.
+const (
+	requestTimeout      = 5 * time.Second
+	adminRequestTimeout = time.Minute
+)
+
+// adminMaxConns is the pool of the finance report and the metrics scrape,
+// apart from the API's, so slow reports can hold at most these and never a
+// connection ingest needs. serveMaxConns counts it.
+const adminMaxConns = 4
+
 func cmdServe(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "serve", "overage serve [--listen ADDR] [--database-url URL]")
 	var listen string
@@ -56,8 +73,9 @@ func cmdServe(ctx context.Context, e env, args []string) error {
 // Server is `overage serve`: the HTTP API on one listener. Tests start it
 // on 127.0.0.1:0 and read Addr.
 type Server struct {
-	pool     *pgxpool.Pool
-	ownsPool bool
+	pool      *pgxpool.Pool
+	adminPool *pgxpool.Pool
+	ownsPool  bool
 	riverUI  *riverui.Handler
 	ln       net.Listener
 	http     *http.Server
@@ -66,13 +84,19 @@ type Server struct {
 
 // NewServer connects, listens and wires the API; Run serves it.
 func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, error) {
-	pool, err := openPool(ctx, cfg.DatabaseURL, serveMaxConns)
+	pool, err := openPool(ctx, cfg.DatabaseURL, serveMaxConns-adminMaxConns)
 	if err != nil {
 		return nil, err
 	}
-	s, err := newServer(pool, cfg, logger)
+	adminPool, err := openPool(ctx, cfg.DatabaseURL, adminMaxConns)
 	if err != nil {
 		pool.Close()
+		return nil, err
+	}
+	s, err := wireServer(pool, adminPool, cfg, logger)
+	if err != nil {
+		pool.Close()
+		adminPool.Close()
 		return nil, err
 	}
 	s.ownsPool = true
@@ -81,6 +105,12 @@ func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, 
 
 // newServer wires the API on a pool the caller owns.
 func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
+	return wireServer(pool, pool, cfg, logger)
+}
+
+// wireServer wires the API on pool, and the finance report and metrics on
+// adminPool.
+func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
 	// Insert-only: `serve` runs no workers, it only puts jobs in the
 	// outbox inside its transactions.
 	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{Logger: logger})
@@ -91,7 +121,7 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 	if err != nil {
 		return nil, fmt.Errorf("LISTEN_ADDR=%s: %w", cfg.ListenAddr, err)
 	}
-	reg := newRegistry(pool, logger)
+	reg := newRegistry(adminPool, logger)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(rc, nil), Logger: logger, Prefix: "/riverui",
 	})
@@ -108,7 +138,7 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 				Service: svc, Auth: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
 				Observer: metrics.NewIngest(reg),
 			}),
-			finance.NewHandler(finance.HandlerConfig{DB: pool, AdminToken: cfg.AdminToken, Logger: logger}),
+			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
@@ -116,9 +146,9 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 		AdminToken: cfg.AdminToken,
 	})
 	return &Server{
-		pool: pool, ln: ln, logger: logger, riverUI: ui,
+		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui,
 		http: &http.Server{
-			Handler:           handler,
+			Handler:           withDeadlines(handler),
 			ReadHeaderTimeout: 10 * time.Second,
 			ReadTimeout:       30 * time.Second,
 			IdleTimeout:       2 * time.Minute,
@@ -157,11 +187,29 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// Close releases the database pool, if the server opened it.
+// Close releases the database pools, if the server opened them.
 func (s *Server) Close() {
 	if s.ownsPool {
 		s.pool.Close()
+		s.adminPool.Close()
 	}
+}
+
+// withDeadlines gives each API request its deadline (requestTimeout).
+func withDeadlines(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		d := requestTimeout
+		if strings.HasPrefix(r.URL.Path, "/v1/billing/") {
+			d = adminRequestTimeout
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // newRegistry returns a Prometheus registry with the process metrics and
