@@ -76,10 +76,10 @@ type Server struct {
 	pool      *pgxpool.Pool
 	adminPool *pgxpool.Pool
 	ownsPool  bool
-	riverUI  *riverui.Handler
-	ln       net.Listener
-	http     *http.Server
-	logger   *slog.Logger
+	riverUI   *riverui.Handler
+	ln        net.Listener
+	http      *http.Server
+	logger    *slog.Logger
 }
 
 // NewServer connects, listens and wires the API; Run serves it.
