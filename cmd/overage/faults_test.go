@@ -172,7 +172,9 @@ func newFlood(addr, apiKey string) *flood {
 	return &flood{addr: addr, apiKey: apiKey, acked: map[string]string{}, answers: map[int]int{}}
 }
 
-func (f *flood) run(workers int, stop <-chan struct{}, giveUp time.Duration, retryTransportErrors bool) *sync.WaitGroup {
+// With serverGoing, a transport error (the server stopped listening)
+// leaves the event unacknowledged instead of failing the test.
+func (f *flood) run(workers int, stop <-chan struct{}, giveUp time.Duration, serverGoing bool) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
@@ -184,14 +186,14 @@ func (f *flood) run(workers int, stop <-chan struct{}, giveUp time.Duration, ret
 					return
 				default:
 				}
-				f.one(int(f.next.Add(1)), giveUp, retryTransportErrors)
+				f.one(int(f.next.Add(1)), giveUp, serverGoing)
 			}
 		}()
 	}
 	return &wg
 }
 
-func (f *flood) one(i int, giveUp time.Duration, retryTransportErrors bool) {
+func (f *flood) one(i int, giveUp time.Duration, serverGoing bool) {
 	reqID := fmt.Sprintf("req-%d", i)
 	body := fmt.Sprintf(`{"request_id":%q,"user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, reqID, i%5, 100+i%50, 10+i%20)
 	deadline := time.Now().Add(giveUp)
@@ -214,7 +216,9 @@ func (f *flood) one(i int, giveUp time.Duration, retryTransportErrors bool) {
 		case a.err == nil && a.status == http.StatusServiceUnavailable:
 			f.unavailable = append(f.unavailable, a)
 		case a.err == nil && a.status == http.StatusConflict && strings.Contains(string(a.body), "in-progress"):
-		case a.err != nil && retryTransportErrors:
+		case a.err != nil && serverGoing:
+			f.mu.Unlock()
+			return
 		default:
 			f.errs = append(f.errs, fmt.Sprintf("%s: %d %v %s", reqID, a.status, a.err, a.body))
 			f.mu.Unlock()
