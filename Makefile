@@ -20,8 +20,8 @@ run: build ## migrate and run everything on its embedded default, with a demo bu
 test: ## every test, against a real PostgreSQL (DATABASE_URL), with the race detector
 	@$(WITH_TEST_DB) set -x; $(GO) test -race -count=1 -timeout 30m ./...
 
-chaos: ## the chaos test at full size: 2,000 events, workers SIGKILLed mid-drain, a faulty Stripe
-	@$(WITH_TEST_DB) CHAOS_EVENTS=$${CHAOS_EVENTS:-2000} $(GO) test -race -count=1 -timeout 30m -run '^TestChaos$$' -v ./cmd/overage
+chaos: ## the fault tests at full size: 2,000 events with workers SIGKILLed and a faulty Stripe; a 15 s database outage
+	@$(WITH_TEST_DB) CHAOS_EVENTS=$${CHAOS_EVENTS:-2000} OUTAGE_SECONDS=$${OUTAGE_SECONDS:-15} $(GO) test -race -count=1 -timeout 30m -run '^(TestChaos|TestDatabaseOutageUnderLoad)$$' -v ./cmd/overage
 
 # Each fuzz target with its package; `make test` runs their corpora
 # (testdata/fuzz/...) as ordinary tests.
