@@ -186,14 +186,18 @@ func (f *flood) run(workers int, stop <-chan struct{}, giveUp time.Duration, ser
 					return
 				default:
 				}
-				f.one(int(f.next.Add(1)), giveUp, serverGoing)
+				if gone := f.one(int(f.next.Add(1)), giveUp, serverGoing); gone {
+					return
+				}
 			}
 		}()
 	}
 	return &wg
 }
 
-func (f *flood) one(i int, giveUp time.Duration, serverGoing bool) {
+// one sends event i until it is acknowledged or giveUp passes, and reports
+// whether the server was gone (serverGoing only).
+func (f *flood) one(i int, giveUp time.Duration, serverGoing bool) bool {
 	reqID := fmt.Sprintf("req-%d", i)
 	body := fmt.Sprintf(`{"request_id":%q,"user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, reqID, i%5, 100+i%50, 10+i%20)
 	deadline := time.Now().Add(giveUp)
@@ -212,21 +216,21 @@ func (f *flood) one(i int, giveUp time.Duration, serverGoing bool) {
 			}
 			f.acked[reqID] = l.ID
 			f.mu.Unlock()
-			return
+			return false
 		case a.err == nil && a.status == http.StatusServiceUnavailable:
 			f.unavailable = append(f.unavailable, a)
 		case a.err == nil && a.status == http.StatusConflict && strings.Contains(string(a.body), "in-progress"):
 		case a.err != nil && serverGoing:
 			f.mu.Unlock()
-			return
+			return true
 		default:
 			f.errs = append(f.errs, fmt.Sprintf("%s: %d %v %s", reqID, a.status, a.err, a.body))
 			f.mu.Unlock()
-			return
+			return false
 		}
 		f.mu.Unlock()
 		if time.Now().After(deadline) {
-			return
+			return false
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
