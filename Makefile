@@ -12,7 +12,7 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## build bin/overage
-	$(GO) build -o bin/overage ./cmd/overage
+	$(GO) build -buildvcs=auto -o bin/overage ./cmd/overage
 
 run: build ## migrate and run everything on its embedded default, with a demo burst
 	./bin/overage dev $(ARGS)

@@ -109,6 +109,7 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 				Observer: metrics.NewIngest(reg),
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: pool, AdminToken: cfg.AdminToken, Logger: logger}),
+			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
