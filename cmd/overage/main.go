@@ -130,8 +130,24 @@ type env struct {
 	getenv         func(string) string
 }
 
+// run runs one command line. Its error reads as main prints it.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
-	e := env{stdout: stdout, stderr: stderr, getenv: getenv}
+	err := dispatch(ctx, args, env{stdout: stdout, stderr: stderr, getenv: getenv})
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &described{err}
+}
+
+// described is an error as a person reads it (describe); errors.As still
+// finds what it wraps.
+type described struct{ err error }
+
+func (d *described) Error() string { return describe(d.err) }
+func (d *described) Unwrap() error { return d.err }
+
+func dispatch(ctx context.Context, args []string, e env) error {
+	stdout, stderr := e.stdout, e.stderr
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return &usageError{err: errors.New("missing command")}

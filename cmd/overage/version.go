@@ -5,11 +5,15 @@ import (
 	"strings"
 )
 
+// commit is set by `make build` (-ldflags -X main.commit=...) where the Go
+// toolchain does not stamp vcs.revision itself.
+var commit string
+
 // versionLine is the module version and the VCS commit the binary was
 // built from, as the Go toolchain stamped them; "unknown" where it did not
 // (go run, or a build outside a repository).
 func versionLine() string {
-	version, commit, when, modified := "(devel)", "unknown", "", false
+	version, rev, when, modified := "(devel)", commit, "", false
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if bi.Main.Version != "" {
 			version = bi.Main.Version
@@ -17,7 +21,7 @@ func versionLine() string {
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
-				commit = s.Value
+				rev = s.Value
 			case "vcs.time":
 				when = s.Value
 			case "vcs.modified":
@@ -25,7 +29,10 @@ func versionLine() string {
 			}
 		}
 	}
-	parts := []string{"overage", version, "commit " + commit}
+	if rev == "" {
+		rev = "unknown"
+	}
+	parts := []string{"overage", version, "commit " + rev}
 	if when != "" {
 		parts = append(parts, "("+when+")")
 	}
