@@ -70,8 +70,9 @@ func NewRouter(cfg Config) http.Handler {
 		r.Method(http.MethodGet, "/metrics", cfg.Metrics)
 	}
 	if cfg.RiverUI != nil {
-		// River UI has no authentication of its own.
-		r.With(httpx.AdminOnly(cfg.AdminToken, logger)).Mount("/riverui", cfg.RiverUI)
+		// River UI has no authentication of its own; a browser signs in at
+		// /riverui/login with the admin token.
+		r.With(httpx.AdminBrowser(cfg.AdminToken, "/riverui", logger)).Mount("/riverui", cfg.RiverUI)
 	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		httpx.Error(w, r, logger, overage.Errorf(overage.ENOTFOUND, "not-found", "no such endpoint: %s %s", r.Method, r.URL.Path))
