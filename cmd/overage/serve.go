@@ -59,6 +59,8 @@ type Server struct {
 	pool     *pgxpool.Pool
 	ownsPool bool
 	riverUI  *riverui.Handler
+	// registry is the one /metrics serves; `overage dev` adds its workers'.
+	registry *prometheus.Registry
 	ln       net.Listener
 	http     *http.Server
 	logger   *slog.Logger
@@ -117,7 +119,7 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 		AdminToken: cfg.AdminToken,
 	})
 	return &Server{
-		pool: pool, ln: ln, logger: logger, riverUI: ui,
+		pool: pool, ln: ln, logger: logger, riverUI: ui, registry: reg,
 		http: &http.Server{
 			Handler:           handler,
 			ReadHeaderTimeout: 10 * time.Second,
