@@ -12,12 +12,13 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/dberr"
 	"github.com/overage-billing/overage/internal/httpx"
 )
 
-// maxBodyBytes bounds a tenant request body; the largest is a few hundred
-// bytes.
-const maxBodyBytes = 16 << 10
+// maxBodyBytes bounds a tenant request body, as ingest bounds its own; the
+// largest is a few hundred bytes.
+const maxBodyBytes = 64 << 10
 
 // Handler serves /v1/tenants: what the `overage tenant` commands do, over
 // HTTP, for the holder of ADMIN_TOKEN.
@@ -77,12 +78,12 @@ type createBody struct {
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 	var b createBody
 	if err := decode(r, &b); err != nil {
-		httpx.Error(w, r, h.logger, err)
+		h.fail(w, r, err)
 		return
 	}
 	c, err := h.store.Create(r.Context(), CreateParams(b))
 	if err != nil {
-		httpx.Error(w, r, h.logger, err)
+		h.fail(w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/v1/tenants/"+c.ID.String())
@@ -92,7 +93,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
 	l, err := h.store.List(r.Context())
 	if err != nil {
-		httpx.Error(w, r, h.logger, err)
+		h.fail(w, r, err)
 		return
 	}
 	httpx.JSON(w, http.StatusOK, l)
@@ -105,7 +106,7 @@ func (h *Handler) show(w http.ResponseWriter, r *http.Request) {
 	}
 	d, err := h.store.Show(r.Context(), id)
 	if err != nil {
-		httpx.Error(w, r, h.logger, err)
+		h.fail(w, r, err)
 		return
 	}
 	httpx.JSON(w, http.StatusOK, d)
@@ -118,12 +119,12 @@ func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
 	}
 	var p UpdateParams
 	if err := decode(r, &p); err != nil {
-		httpx.Error(w, r, h.logger, err)
+		h.fail(w, r, err)
 		return
 	}
 	d, err := h.store.Update(r.Context(), id, p)
 	if err != nil {
-		httpx.Error(w, r, h.logger, err)
+		h.fail(w, r, err)
 		return
 	}
 	httpx.JSON(w, http.StatusOK, d)
@@ -136,7 +137,7 @@ func (h *Handler) addKey(w http.ResponseWriter, r *http.Request) {
 	}
 	k, err := h.store.AddKey(r.Context(), id)
 	if err != nil {
-		httpx.Error(w, r, h.logger, err)
+		h.fail(w, r, err)
 		return
 	}
 	httpx.JSON(w, http.StatusCreated, k)
@@ -153,10 +154,15 @@ func (h *Handler) revokeKey(w http.ResponseWriter, r *http.Request) {
 	}
 	k, err := h.store.RevokeKeyByID(r.Context(), id, keyID)
 	if err != nil {
-		httpx.Error(w, r, h.logger, err)
+		h.fail(w, r, err)
 		return
 	}
 	httpx.JSON(w, http.StatusOK, k)
+}
+
+// fail answers err; an unreachable database is 503, nothing changed.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	httpx.Error(w, r, h.logger, dberr.Classify(err, "the database is unavailable; nothing was changed, retry later"))
 }
 
 // pathID parses a path parameter as an id; an id that cannot exist names
