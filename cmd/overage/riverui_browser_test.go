@@ -3,60 +3,21 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
+	"github.com/overage-billing/overage/internal/aptinstall"
 	"github.com/overage-billing/overage/internal/httpx"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/syncbuf"
 )
-
-var chromiumOnce struct {
-	sync.Once
-	path string
-	err  error
-}
-
-// chromium returns Debian's chromium, installing it when it is missing
-// (apt-get update once, then apt-get install), or skips the test where it
-// cannot be installed.
-func chromium(t *testing.T) string {
-	t.Helper()
-	chromiumOnce.Do(func() {
-		if p, err := exec.LookPath("chromium"); err == nil {
-			chromiumOnce.path = p
-			return
-		}
-		if _, err := exec.LookPath("apt-get"); err != nil || os.Geteuid() != 0 {
-			chromiumOnce.err = fmt.Errorf("chromium is not installed, and apt-get is missing or this is not root (uid %d)", os.Geteuid())
-			return
-		}
-		for _, args := range [][]string{{"update"}, {"install", "-y", "--no-install-recommends", "chromium"}} {
-			cmd := exec.Command("apt-get", append([]string{"-o", "DPkg::Lock::Timeout=600"}, args...)...)
-			cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				chromiumOnce.err = fmt.Errorf("apt-get %s: %v\n%s", strings.Join(args, " "), err, out)
-				return
-			}
-		}
-		chromiumOnce.path, chromiumOnce.err = exec.LookPath("chromium")
-	})
-	if chromiumOnce.err != nil {
-		t.Skipf("no headless browser: Debian's chromium could not be installed: %v", chromiumOnce.err)
-	}
-	return chromiumOnce.path
-}
 
 // TestRiverUIOpensInABrowser signs in to River UI in a real headless
 // Chromium as an operator would: the login page, a wrong token refused, the
@@ -64,7 +25,7 @@ func chromium(t *testing.T) string {
 // own pages and JSON API working behind it.
 func TestRiverUIOpensInABrowser(t *testing.T) {
 	t.Parallel()
-	browser := chromium(t)
+	browser := aptinstall.Command(t, "chromium", "chromium")
 	dbURL := pgtest.NewDatabase(t)
 	const adminToken = "admin-browser-token-1234"
 	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": adminToken}
