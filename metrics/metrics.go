@@ -72,7 +72,7 @@ const (
 	// StripeRateLimited: Stripe answered 429; retried like retryable, and
 	// counted apart so an alert can tell throttling from failure.
 	StripeRateLimited = "rate_limited"
-	StripePermanent      = "permanent"
+	StripePermanent   = "permanent"
 	// StripeBusy: not sent, a call for the customer's meter had hung in
 	// this process with others queued behind it (the job is snoozed).
 	StripeBusy = "busy"
