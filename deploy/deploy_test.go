@@ -198,3 +198,33 @@ func TestDashboardAndAlertsQueryExportedMetrics(t *testing.T) {
 		t.Error("the dashboard does not show whether the processes are up")
 	}
 }
+
+// TestReadmeStandsAlone checks that the README links the alerts and the
+// dashboard, and that no tracked file points outside the repository (a
+// clone has nothing beside it).
+func TestReadmeStandsAlone(t *testing.T) {
+	t.Parallel()
+	readme := read(t, "../README.md")
+	for _, f := range []string{rulesFile, ruleTestsFile, dashboardFile} {
+		if !strings.Contains(readme, "(deploy/"+f+")") {
+			t.Errorf("README.md does not link deploy/%s", f)
+		}
+	}
+	out, err := exec.Command("git", "-C", "..", "ls-files").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	// Spelled in pieces, so this file does not match itself.
+	outside := []string{"../" + "shared", "SPEC" + ".md"}
+	for _, f := range strings.Fields(string(out)) {
+		b, err := os.ReadFile("../" + f)
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		for _, o := range outside {
+			if strings.Contains(string(b), o) {
+				t.Errorf("%s refers to %s, outside the repository", f, o)
+			}
+		}
+	}
+}
