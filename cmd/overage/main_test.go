@@ -109,25 +109,7 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg, err := LoadConfig(func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncbuf.Buffer
-	srv, err := NewServer(context.Background(), cfg, newLogger(&logs, cfg.LogLevel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("server shutdown: %v", err)
-		}
-		srv.Close()
-	})
+	srv, logs := startServer(t, env)
 
 	post := func() (int, string, http.Header) {
 		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s/v1/usage-events", srv.Addr()),
@@ -227,4 +209,30 @@ func mustID(t *testing.T, body string) string {
 		t.Fatalf("no id in %s", body)
 	}
 	return v.ID
+}
+
+// startServer runs `overage serve` as the binary wires it, configured by
+// env, until the test ends, and returns it with its log.
+func startServer(t *testing.T, env map[string]string) (*Server, *syncbuf.Buffer) {
+	t.Helper()
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncbuf.Buffer{}
+	srv, err := NewServer(context.Background(), cfg, newLogger(logs, cfg.LogLevel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("server shutdown: %v", err)
+		}
+		srv.Close()
+	})
+	return srv, logs
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/overage-billing/overage/internal/httpx"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/syncbuf"
 )
 
 // TestRiverUIOpensInABrowser signs in to River UI in a real headless
@@ -34,25 +33,7 @@ func TestRiverUIOpensInABrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := LoadConfig(func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncbuf.Buffer
-	srv, err := NewServer(context.Background(), cfg, newLogger(&logs, cfg.LogLevel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(sctx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("server shutdown: %v", err)
-		}
-		srv.Close()
-	})
+	srv, logs := startServer(t, env)
 	base := "http://" + srv.Addr()
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/usage-events", strings.NewReader(`{"user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1}`))
 	req.Header.Set("Authorization", "Bearer "+mustField(t, out, "api_key"))

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/syncbuf"
 )
 
 // TestTenantCommandsAndAPIManageTenantsAndKeys drives `overage tenant` and
@@ -22,25 +20,8 @@ func TestTenantCommandsAndAPIManageTenantsAndKeys(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	const adminToken = "admin-secret-tenants-token"
 	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": adminToken, "LOG_LEVEL": "debug"}
-	cfg, err := LoadConfig(func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncbuf.Buffer
-	srv, err := NewServer(context.Background(), cfg, newLogger(&logs, cfg.LogLevel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("server shutdown: %v", err)
-		}
-		srv.Close()
-	})
+	srv, logs := startServer(t, env)
+	sent := 0
 	call := func(method, path, bearer, body string) (int, map[string]any) {
 		t.Helper()
 		req, _ := http.NewRequest(method, "http://"+srv.Addr()+path, strings.NewReader(body))
@@ -48,7 +29,8 @@ func TestTenantCommandsAndAPIManageTenantsAndKeys(t *testing.T) {
 			req.Header.Set("Authorization", "Bearer "+bearer)
 		}
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", fmt.Sprintf("k-%d", len(logs.String())))
+		sent++
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("k-%d", sent))
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
