@@ -93,6 +93,12 @@ func describe(err error) string {
 	if errors.As(err, &pgErr) && (pgErr.Code == undefinedTable || pgErr.Code == undefinedColumn) {
 		return "the database is not migrated, or is older than this binary: run `overage migrate` (" + pgErr.Message + ")"
 	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		// pgconn's message names the host, user and database, never the
+		// password.
+		return "cannot reach PostgreSQL (is it running, and is DATABASE_URL right?): " + connErr.Error()
+	}
 	msg := err.Error()
 	var appErr *overage.Error
 	if errors.As(err, &appErr) {

@@ -44,11 +44,11 @@ func cmdReconcile(ctx context.Context, e env, args []string) error {
 		}
 		p.TenantID = &id
 	}
-	if cfg.StripeSecretKey == "" {
-		errs = append(errs, errors.New("STRIPE_SECRET_KEY is required to read Stripe's meter event summaries"))
-	}
 	if err := errors.Join(errs...); err != nil {
 		return fs.usageError(err)
+	}
+	if cfg.StripeSecretKey == "" {
+		return errors.New("STRIPE_SECRET_KEY is required to read Stripe's meter event summaries")
 	}
 	reader, err := stripeclient.NewSummaryReader(stripeclient.Config{
 		SecretKey: cfg.StripeSecretKey, APIBase: cfg.StripeAPIBase, Logger: newLogger(e.stderr, cfg.LogLevel),

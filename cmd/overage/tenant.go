@@ -139,6 +139,8 @@ func activeKeys(keys []tenants.APIKey) int {
 	return n
 }
 
+var idNames = map[string]string{"ID": "a tenant id", "KEY_ID": "an API key id"}
+
 // tenantArgs takes the ids that come before a command's flags.
 func tenantArgs(fs *flags, args []string, names ...string) ([]uuid.UUID, []string, error) {
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
@@ -151,7 +153,7 @@ func tenantArgs(fs *flags, args []string, names ...string) ([]uuid.UUID, []strin
 		}
 		id, err := uuid.Parse(args[i])
 		if err != nil {
-			return nil, nil, fs.usageError(fmt.Errorf("%s %q is not an id", name, args[i]))
+			return nil, nil, fs.usageError(fmt.Errorf("%q is not %s", args[i], idNames[name]))
 		}
 		ids[i] = id
 	}
