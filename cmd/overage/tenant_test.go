@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/overage-billing/overage/internal/pgtest"
 )
 
@@ -158,6 +160,29 @@ func TestTenantCommandsAndAPIManageTenantsAndKeys(t *testing.T) {
 	}
 	if status, _ := call(http.MethodGet, "/v1/tenants", key1, ""); status != http.StatusUnauthorized {
 		t.Fatalf("a tenant key on /v1/tenants: %d, want 401", status)
+	}
+
+	// The subscription period and the suspension, as the webhooks record
+	// them, are shown.
+	db, err := pgx.Connect(t.Context(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(t.Context())
+	for _, sql := range []string{`INSERT INTO tenant_subscriptions (tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
+		VALUES ($1, 'sub_1', 'active', '2026-11-15T00:00:00Z', '2026-12-15T00:00:00Z', now())`,
+		`UPDATE tenants SET suspended_at = '2026-11-20T00:00:00Z', suspended_reason = 'Stripe customer deleted; tenant suspended' WHERE id = $1`} {
+		if _, err := db.Exec(t.Context(), sql, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shown = cli("tenant", "show", id, "--json")
+	sub, _ := shown["subscription"].(map[string]any)
+	if sub["stripe_subscription_id"] != "sub_1" || sub["current_period_end"] != "2026-12-15T00:00:00Z" || shown["suspended_at"] != "2026-11-20T00:00:00Z" {
+		t.Fatalf("tenant show with a subscription and a suspension: %v", shown)
+	}
+	if text, _, err := runCmd(t, env, "tenant", "show", id); err != nil || !strings.Contains(text, "sub_1 (active), period 2026-11-15T00:00:00Z to 2026-12-15T00:00:00Z") || !strings.Contains(text, "Stripe customer deleted") {
+		t.Fatalf("tenant show (text): %q %v", text, err)
 	}
 
 	logged := logs.String()
