@@ -11,11 +11,16 @@ WITH_TEST_DB = if [ -z "$$DATABASE_URL" ] && pg_isready -q -h 127.0.0.1 -p 5432 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## build bin/overage
-	$(GO) build -o bin/overage ./cmd/overage
+BIN ?= ./bin/overage
+# The commit goes in by -X as well: Go stamps vcs.revision only where .git
+# is a directory, not in a git worktree.
+COMMIT := $(shell git rev-parse HEAD 2>/dev/null)
+
+build: ## build bin/overage (overage version prints its commit)
+	$(GO) build -buildvcs=auto -ldflags "-X main.commit=$(COMMIT)" -o $(BIN) ./cmd/overage
 
 run: build ## migrate and run everything on its embedded default, with a demo burst
-	./bin/overage dev $(ARGS)
+	$(BIN) dev $(ARGS)
 
 test: ## every test, against a real PostgreSQL (DATABASE_URL), with the race detector
 	@$(WITH_TEST_DB) set -x; $(GO) test -race -count=1 -timeout 30m ./...

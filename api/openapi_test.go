@@ -382,7 +382,7 @@ func (f *fixture) send(ctx context.Context, c call) (*result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := noRedirects.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -401,6 +401,12 @@ func event(in, out int) string {
 // bearerPresent is the AuthenticationFunc of the validation: the document
 // can say a bearer credential is required, not which one is valid.
 func bearerPresent(_ context.Context, in *openapi3filter.AuthenticationInput) error {
+	if s := in.SecurityScheme; s.Type == "apiKey" && s.In == "cookie" {
+		if _, err := in.RequestValidationInput.Request.Cookie(s.Name); err != nil {
+			return in.NewError(fmt.Errorf("no %s cookie", s.Name))
+		}
+		return nil
+	}
 	if s := in.SecurityScheme; s.Type != "http" || !strings.EqualFold(s.Scheme, "bearer") {
 		return in.NewError(fmt.Errorf("security scheme %q is not http bearer", in.SecuritySchemeName))
 	}
@@ -874,6 +880,7 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("Content-Type = %q, want text/html", ct)
 				}
 			}},
+		riverUICases[0], riverUICases[1], riverUICases[2], riverUICases[3], riverUICases[4],
 
 		// Paths and methods the document does not list.
 		{name: "405 DELETE /v1/usage-events", status: 405, problem: "method-not-allowed", undocumented: "MethodNotAllowed",
@@ -993,6 +1000,9 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 		for method, op := range item.Operations() {
 			if op.OperationID == "getBillingStatus" && f.noBillingRoute {
 				continue
+			}
+			if slices.Contains(op.Tags, "tenants") {
+				continue // TestTenantAPIConformsToOpenAPI
 			}
 			for status := range op.Responses.Map() {
 				if !f.seen[op.OperationID][status] {

@@ -8,6 +8,8 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -70,14 +72,20 @@ func NewRouter(cfg Config) http.Handler {
 		r.Method(http.MethodGet, "/metrics", cfg.Metrics)
 	}
 	if cfg.RiverUI != nil {
-		// River UI has no authentication of its own.
-		r.With(httpx.AdminOnly(cfg.AdminToken, logger)).Mount("/riverui", cfg.RiverUI)
+		// River UI has no authentication of its own; a browser signs in at
+		// /riverui/login with the admin token.
+		r.With(httpx.AdminBrowser(cfg.AdminToken, "/riverui", logger)).Mount("/riverui", cfg.RiverUI)
 	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		httpx.Error(w, r, logger, overage.Errorf(overage.ENOTFOUND, "not-found", "no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		httpx.Error(w, r, logger, overage.Errorf(overage.EMETHOD, "method-not-allowed", "%s is not allowed on %s", r.Method, r.URL.Path))
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		// chi sets Allow only in its own 405 handler, and its Match is
+		// loose under subrouters: Allow comes from the routes' patterns.
+		for _, m := range allowed(r, req.URL.Path) {
+			w.Header().Add("Allow", m)
+		}
+		httpx.Error(w, req, logger, overage.Errorf(overage.EMETHOD, "method-not-allowed", "%s is not allowed on %s", req.Method, req.URL.Path))
 	})
 	return r
 }
@@ -97,4 +105,33 @@ func requestLogger(logger *slog.Logger) func(http.Handler) http.Handler {
 				"duration_ms", float64(time.Since(start).Microseconds())/1000)
 		})
 	}
+}
+
+// allowed lists the methods routed for path, sorted.
+func allowed(r chi.Routes, path string) []string {
+	var methods []string
+	_ = chi.Walk(r, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		if patternMatches(route, path) && !slices.Contains(methods, method) {
+			methods = append(methods, method)
+		}
+		return nil
+	})
+	slices.Sort(methods)
+	return methods
+}
+
+// patternMatches reports whether a chi route pattern ("/v1/tenants/{id}",
+// "/riverui/*") matches path, a trailing slash aside.
+func patternMatches(pattern, path string) bool {
+	ps := strings.Split(strings.Trim(pattern, "/"), "/")
+	xs := strings.Split(strings.Trim(path, "/"), "/")
+	for i, p := range ps {
+		if p == "*" {
+			return true
+		}
+		if i >= len(xs) || (xs[i] != p && !(strings.HasPrefix(p, "{") && xs[i] != "")) {
+			return false
+		}
+	}
+	return len(ps) == len(xs)
 }

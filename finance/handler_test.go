@@ -16,7 +16,7 @@ import (
 	"github.com/overage-billing/overage/internal/pgtest"
 )
 
-// The counters every tenant line and the totals carry, by SPEC.md.
+// The counters every tenant line and the totals carry, as the API documents them.
 var counterFields = []string{"usage_logs", "billed", "pending", "not_billable", "needs_review", "failed",
 	"overage_input_tokens", "overage_output_tokens", "billed_input_tokens", "billed_output_tokens", "oldest_pending_at"}
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,7 +69,10 @@ const (
 	StripeReplayed       = "replayed"
 	StripeAlreadyApplied = "already_applied"
 	StripeRetryable      = "retryable"
-	StripePermanent      = "permanent"
+	// StripeRateLimited: Stripe answered 429; retried like retryable, and
+	// counted apart so an alert can tell throttling from failure.
+	StripeRateLimited = "rate_limited"
+	StripePermanent   = "permanent"
 	// StripeBusy: not sent, a call for the customer's meter had hung in
 	// this process with others queued behind it (the job is snoozed).
 	StripeBusy = "busy"
@@ -88,7 +92,7 @@ func InstrumentSender(next stripeclient.Sender, reg prometheus.Registerer) *Send
 		next: next,
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "overage_stripe_calls_total",
-			Help: "Meter event calls to Stripe by outcome (accepted, replayed, already_applied, retryable, permanent; busy: refused unsent, the customer's meter was busy in this process).",
+			Help: "Meter event calls to Stripe by outcome (accepted, replayed, already_applied, retryable, rate_limited (429), permanent; busy: refused unsent, the customer's meter was busy in this process).",
 		}, []string{"outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "overage_stripe_call_duration_seconds",
@@ -110,6 +114,8 @@ func (s *Sender) SendMeterEvent(ctx context.Context, ev stripeclient.MeterEvent)
 		outcome = StripeBusy
 	case err != nil && stripeclient.IsPermanent(err):
 		outcome = StripePermanent
+	case err != nil && rateLimited(err):
+		outcome = StripeRateLimited
 	case err != nil:
 		outcome = StripeRetryable
 	case res.AlreadyApplied:
@@ -120,6 +126,11 @@ func (s *Sender) SendMeterEvent(ctx context.Context, ev stripeclient.MeterEvent)
 	s.calls.WithLabelValues(outcome).Inc()
 	s.duration.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
 	return res, err
+}
+
+func rateLimited(err error) bool {
+	var se *stripeclient.Error
+	return errors.As(err, &se) && se.HTTPStatus == http.StatusTooManyRequests
 }
 
 // Backlog is the billing backlog at one moment.

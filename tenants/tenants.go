@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -37,31 +38,44 @@ type CreateParams struct {
 	IncludedOutputTokens int64
 }
 
-// Validate reports every problem with p at once.
+// Validate reports every problem with p at once. Fields carry their JSON
+// names; the CLI translates them to its flags.
 func (p CreateParams) Validate() error {
 	var fields []overage.FieldError
 	if strings.TrimSpace(p.Name) == "" {
 		fields = append(fields, overage.FieldError{Field: "name", Detail: "is required"})
 	}
-	if !strings.HasPrefix(p.StripeCustomerID, "cus_") {
-		fields = append(fields, overage.FieldError{Field: "stripe-customer", Detail: "must be a Stripe customer id (cus_...)"})
-	}
-	if p.IncludedInputTokens < 0 {
-		fields = append(fields, overage.FieldError{Field: "included-input-tokens", Detail: "must be >= 0"})
-	}
-	if p.IncludedOutputTokens < 0 {
-		fields = append(fields, overage.FieldError{Field: "included-output-tokens", Detail: "must be >= 0"})
-	}
+	fields = append(fields, validateCustomer(p.StripeCustomerID)...)
+	fields = append(fields, validateAllowance(p.IncludedInputTokens, p.IncludedOutputTokens)...)
 	if len(fields) > 0 {
 		return overage.Invalid(fields, "invalid tenant")
 	}
 	return nil
 }
 
+func validateCustomer(id string) []overage.FieldError {
+	if !strings.HasPrefix(id, "cus_") || len(id) == len("cus_") {
+		return []overage.FieldError{{Field: "stripe_customer_id", Detail: "must be a Stripe customer id (cus_...)"}}
+	}
+	return nil
+}
+
+func validateAllowance(in, out int64) []overage.FieldError {
+	var fields []overage.FieldError
+	if in < 0 {
+		fields = append(fields, overage.FieldError{Field: "included_input_tokens", Detail: "must be >= 0"})
+	}
+	if out < 0 {
+		fields = append(fields, overage.FieldError{Field: "included_output_tokens", Detail: "must be >= 0"})
+	}
+	return fields
+}
+
 // Created is a new tenant with the only copy of its API key.
 type Created struct {
 	overage.Tenant
-	APIKey string `json:"api_key"`
+	APIKeyID uuid.UUID `json:"api_key_id"`
+	APIKey   string    `json:"api_key"`
 }
 
 // Create inserts a tenant and its first API key in one transaction.
@@ -84,8 +98,11 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (*Created, error) {
 			return fmt.Errorf("insert tenant: %w", err)
 		}
 		key, err := createKey(ctx, tx, id)
-		c.APIKey = key
-		return err
+		if err != nil {
+			return err
+		}
+		c.APIKeyID, c.APIKey = key.ID, key.Key
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -93,32 +110,90 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (*Created, error) {
 	return c, nil
 }
 
-// CreateKey issues another API key for a tenant, e.g. to rotate one.
+// CreateKey issues another API key for a tenant and returns the key alone.
 func (s *Store) CreateKey(ctx context.Context, tenantID uuid.UUID) (string, error) {
-	var key string
+	k, err := s.AddKey(ctx, tenantID)
+	if err != nil {
+		return "", err
+	}
+	return k.Key, nil
+}
+
+// AddKey issues another API key for a tenant, so keys rotate without
+// downtime: add the new one, deploy it, then revoke the old one.
+func (s *Store) AddKey(ctx context.Context, tenantID uuid.UUID) (*NewKey, error) {
+	var key *NewKey
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// FOR SHARE: the tenant exists, and stays, until the key is in.
+		var one int
+		if err := tx.QueryRow(ctx, `SELECT 1 FROM tenants WHERE id = $1 FOR SHARE`, tenantID).Scan(&one); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return errTenantNotFound(tenantID)
+			}
+			return fmt.Errorf("find tenant: %w", err)
+		}
 		var err error
 		key, err = createKey(ctx, tx, tenantID)
 		return err
 	})
-	return key, err
+	if err != nil {
+		return nil, err
+	}
+	return key, nil
 }
 
-func createKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID) (string, error) {
+// NewKey is an API key just created: the only time the key itself exists
+// outside its owner's hands.
+type NewKey struct {
+	APIKey
+	TenantID uuid.UUID `json:"tenant_id"`
+	Key      string    `json:"api_key"`
+}
+
+// APIKey describes a key without revealing it: its id, for revoking it,
+// and its first characters, for telling it apart.
+type APIKey struct {
+	ID        uuid.UUID  `json:"id"`
+	Prefix    string     `json:"prefix"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at"`
+}
+
+func createKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID) (*NewKey, error) {
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
-		return "", fmt.Errorf("generate api key: %w", err)
+		return nil, fmt.Errorf("generate api key: %w", err)
 	}
 	key := keyPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	kid, err := uuid.NewV7()
 	if err != nil {
-		return "", fmt.Errorf("api key id: %w", err)
+		return nil, fmt.Errorf("api key id: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) VALUES ($1, $2, $3, $4)`,
-		kid, tenantID, hashKey(key), key[:len(keyPrefix)+6]); err != nil {
-		return "", fmt.Errorf("insert api key: %w", err)
+	k := &NewKey{APIKey: APIKey{ID: kid, Prefix: key[:len(keyPrefix)+6]}, TenantID: tenantID, Key: key}
+	if err := tx.QueryRow(ctx, `INSERT INTO api_keys (id, tenant_id, key_hash, key_prefix) VALUES ($1, $2, $3, $4) RETURNING created_at`,
+		kid, tenantID, hashKey(key), k.Prefix).Scan(&k.CreatedAt); err != nil {
+		return nil, fmt.Errorf("insert api key: %w", err)
 	}
-	return key, nil
+	return k, nil
+}
+
+// RevokeKeyByID revokes one of a tenant's API keys. Authenticate reads the
+// database on every request, with no cache, so the key's next request is
+// refused. Revoking a revoked key again changes nothing and answers the
+// same.
+func (s *Store) RevokeKeyByID(ctx context.Context, tenantID, keyID uuid.UUID) (*APIKey, error) {
+	k := &APIKey{}
+	// coalesce keeps the first revocation's time on a repeat.
+	err := s.pool.QueryRow(ctx, `UPDATE api_keys SET revoked_at = coalesce(revoked_at, now())
+		WHERE id = $1 AND tenant_id = $2 RETURNING id, key_prefix, created_at, revoked_at`, keyID, tenantID).
+		Scan(&k.ID, &k.Prefix, &k.CreatedAt, &k.RevokedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "tenant %s has no API key %s", tenantID, keyID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("revoke api key: %w", err)
+	}
+	return k, nil
 }
 
 // RevokeKey revokes an API key; requests with it are refused from then on.
@@ -163,10 +238,14 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (*overage.Tenant, error) 
 	err := s.pool.QueryRow(ctx, `SELECT id, name, stripe_customer_id, included_input_tokens, included_output_tokens, created_at
 		FROM tenants WHERE id = $1`, id).Scan(&t.ID, &t.Name, &t.StripeCustomerID, &t.IncludedInputTokens, &t.IncludedOutputTokens, &t.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "tenant %s not found", id)
+		return nil, errTenantNotFound(id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get tenant: %w", err)
 	}
 	return t, nil
+}
+
+func errTenantNotFound(id uuid.UUID) error {
+	return overage.Errorf(overage.ENOTFOUND, "not-found", "tenant %s not found", id)
 }

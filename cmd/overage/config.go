@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,8 +38,43 @@ const defaultDatabaseURL = "postgres://postgres@localhost:5432/overage?sslmode=d
 // LoadConfig reads the environment through getenv. Every malformed value is
 // reported, each naming its variable.
 func LoadConfig(getenv func(string) string) (*Config, error) {
+	c, bad := readConfig(getenv)
+	if err := bad.of(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// badVars holds each malformed variable's error, in the order read.
+type badVars []badVar
+
+type badVar struct {
+	name string
+	err  error
+}
+
+// of reports the malformed variables among names (all of them when names
+// is empty) in one error of one line, or nil.
+func (b badVars) of(names ...string) error {
+	var msgs []string
+	for _, v := range b {
+		if len(names) == 0 || slices.Contains(names, v.name) {
+			msgs = append(msgs, v.err.Error())
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	// One line: the binary's errors are a single line on stderr.
+	return errors.New("configuration: " + strings.Join(msgs, "; "))
+}
+
+// readConfig reads every setting, recording malformed ones instead of
+// failing, so a command can judge only the settings it uses.
+func readConfig(getenv func(string) string) (*Config, badVars) {
 	c := &Config{}
-	var errs []error
+	var errs badVars
+	bad := func(name string, err error) { errs = append(errs, badVar{name, err}) }
 	str := func(name, def string) string {
 		if v := getenv(name); v != "" {
 			return v
@@ -52,7 +88,7 @@ func LoadConfig(getenv func(string) string) (*Config, error) {
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			errs = append(errs, fmt.Errorf("%s=%q: want a positive Go duration such as 10m or 24h", name, v))
+			bad(name, fmt.Errorf("%s=%q: want a positive Go duration such as 10m or 24h", name, v))
 			return def
 		}
 		return d
@@ -64,7 +100,7 @@ func LoadConfig(getenv func(string) string) (*Config, error) {
 		}
 		n, err := strconv.Atoi(v)
 		if err != nil || n <= 0 {
-			errs = append(errs, fmt.Errorf("%s=%q: want a positive integer", name, v))
+			bad(name, fmt.Errorf("%s=%q: want a positive integer", name, v))
 			return def
 		}
 		return n
@@ -87,21 +123,13 @@ func LoadConfig(getenv func(string) string) (*Config, error) {
 	c.AdminToken = getenv("ADMIN_TOKEN")
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
-			errs = append(errs, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))
+			bad("LOG_LEVEL", fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))
 		}
 	}
 	if !strings.HasPrefix(c.StripeAPIBase, "http://") && !strings.HasPrefix(c.StripeAPIBase, "https://") {
-		errs = append(errs, fmt.Errorf("STRIPE_API_BASE=%q: want an http(s) URL", c.StripeAPIBase))
+		bad("STRIPE_API_BASE", fmt.Errorf("STRIPE_API_BASE=%q: want an http(s) URL", c.StripeAPIBase))
 	}
-	if len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
-			msgs[i] = e.Error()
-		}
-		// One line: the binary's errors are a single line on stderr.
-		return nil, errors.New("configuration: " + strings.Join(msgs, "; "))
-	}
-	return c, nil
+	return c, errs
 }
 
 // LoadConfigFromEnv reads the process environment.

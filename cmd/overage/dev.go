@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	cryptorand "crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/term"
 
 	"github.com/overage-billing/overage/client"
@@ -93,6 +93,12 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("migrate: %w", err)
 	}
 
+	// The operator endpoints and River UI need a token: the demo makes one
+	// unless ADMIN_TOKEN names it, and prints it below.
+	generatedToken := cfg.AdminToken == ""
+	if generatedToken {
+		cfg.AdminToken = cryptorand.Text()
+	}
 	srv, err := newServer(pool, cfg, logger)
 	if err != nil && strings.Contains(err.Error(), "address already in use") {
 		fmt.Fprintf(out, "%s is in use; listening on a free port instead\n", cfg.ListenAddr)
@@ -103,7 +109,9 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer srv.Close()
-	w, err := newWorkers(pool, cfg, logger, prometheus.NewRegistry())
+	// The workers' Stripe call metrics join the server's, so /metrics
+	// shows them.
+	w, err := newWorkers(pool, cfg, logger, srv.registry)
 	if err != nil {
 		return err
 	}
@@ -141,6 +149,7 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 		demoKey = "<a tenant API key from: overage tenant create --name NAME --stripe-customer cus_...>"
 	}
 	fmt.Fprintf(out, "\nServing on %s until Ctrl-C. Try:\n\n  curl -sS %s/v1/usage-events \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Idempotency-Key: my-first-event' -H 'Content-Type: application/json' \\\n    -d '{\"request_id\":\"my-first-event\",\"user_id\":\"u_1\",\"model_id\":\"gpt-4o\",\"input_tokens\":1200,\"output_tokens\":350}'\n\n", baseURL, baseURL, demoKey)
+	printAdminAccess(out, baseURL, cfg.AdminToken, generatedToken)
 	select {
 	case <-ctx.Done():
 		return nil
@@ -534,4 +543,18 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "NO"
+}
+
+// printAdminAccess prints the admin token of the demo with commands to
+// paste: the finance status, the tenants, and River UI in a browser.
+func printAdminAccess(out io.Writer, baseURL, token string, generated bool) {
+	origin := "from ADMIN_TOKEN"
+	if generated {
+		origin = "made for this run; set ADMIN_TOKEN to choose your own"
+	}
+	fmt.Fprintf(out, "Admin token (%s):\n\n  %s\n\n", origin, token)
+	fmt.Fprintf(out, "Finance status and tenants:\n\n  curl -sS -H 'Authorization: Bearer %s' %s/v1/billing/status\n  curl -sS -H 'Authorization: Bearer %s' %s/v1/tenants\n\n",
+		token, baseURL, token, baseURL)
+	fmt.Fprintf(out, "River UI (the job queue): open %s/riverui/ in a browser and sign in with the admin token,\nor from a shell:\n\n  curl -sS -H 'Authorization: Bearer %s' '%s/riverui/api/jobs?state=available'\n\n",
+		baseURL, token, baseURL)
 }

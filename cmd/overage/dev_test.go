@@ -3,13 +3,19 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/syncbuf"
 )
 
 func TestDevDemoBillsEveryEventExactlyOnce(t *testing.T) {
@@ -79,6 +85,56 @@ func TestDevSaysHowToProvideADatabase(t *testing.T) {
 	for _, want := range []string{"DATABASE_URL", "Docker", "postgres://"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %s", err, want)
+		}
+	}
+}
+
+// TestDevKeepRunningPrintsAdminAccess runs the demo server and uses what
+// it prints: the admin token opens the finance status, the tenants and
+// River UI; /metrics carries the workers' Stripe call metrics too.
+func TestDevKeepRunningPrintsAdminAccess(t *testing.T) {
+	t.Parallel()
+	for _, given := range []string{"", "admin-token-from-env"} {
+		env := map[string]string{"DATABASE_URL": pgtest.NewDatabase(t), "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": given}
+		ctx, cancel := context.WithCancel(context.Background())
+		var out syncbuf.Buffer
+		done := make(chan error, 1)
+		go func() {
+			// A few events with the generated token, so Stripe was called.
+			events := map[bool]string{true: "3", false: "0"}[given == ""]
+			done <- run(ctx, []string{"dev", "--events", events, "--keep-running"}, &out, io.Discard, func(k string) string { return env[k] })
+		}()
+		poll.Until(t, "the demo to print its admin access", 60*time.Second, func() bool { return strings.Contains(out.String(), "/riverui/api/jobs") })
+		printed := out.String()
+		token := regexp.MustCompile(`Admin token \([^)]*\):\n\n  (\S+)\n`).FindStringSubmatch(printed)
+		base := regexp.MustCompile(`Serving on (http://\S+) until`).FindStringSubmatch(printed)
+		if token == nil || base == nil || (given != "" && token[1] != given) || (given == "" && len(token[1]) < 20) {
+			t.Fatalf("ADMIN_TOKEN=%q: no usable admin token or URL in:\n%s", given, printed)
+		}
+		for _, path := range []string{"/v1/billing/status", "/v1/tenants", "/riverui/api/jobs?state=available"} {
+			if !strings.Contains(printed, "Authorization: Bearer "+token[1]+"' "+base[1]+path) && !strings.Contains(printed, "Authorization: Bearer "+token[1]+"' '"+base[1]+path) {
+				t.Errorf("no ready-to-paste command for %s in:\n%s", path, printed)
+			}
+			req, _ := http.NewRequest(http.MethodGet, base[1]+path, nil)
+			req.Header.Set("Authorization", "Bearer "+token[1])
+			res, err := http.DefaultClient.Do(req)
+			if err != nil || res.StatusCode != http.StatusOK {
+				t.Fatalf("GET %s with the printed token: %v %v", path, res, err)
+			}
+			res.Body.Close()
+		}
+		res, err := http.Get(base[1] + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		metricsText, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if given == "" && !strings.Contains(string(metricsText), "overage_stripe_calls_total") {
+			t.Errorf("/metrics of overage dev lacks the Stripe call metrics")
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("overage dev after Ctrl-C: %v", err)
 		}
 	}
 }

@@ -16,7 +16,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/overage-billing/overage"
 )
 
 const usage = `overage — bills LLM token overage to Stripe exactly once.
@@ -26,10 +29,14 @@ Usage:
   overage serve                   run the HTTP API
   overage work                    run the River workers and the periodic sweep
   overage tenant create ...       create a tenant and print its API key once
+  overage tenant list|show ...    tenants: allowance, Stripe customer, key ids (never a key), suspension
+  overage tenant update ID ...    change a tenant's name, Stripe customer or allowance
+  overage tenant key ...          another API key for a tenant (printed once), or revoke one at once
   overage dev                     everything in one process, with a demo (see README)
   overage status [--tenant ID]    billed status per tenant and in total (--json for the API's object)
   overage reconcile ...           compare what the database billed with what Stripe holds
   overage review list|resolve     logs that must not be resent automatically, and an operator's decision
+  overage version                 the module version and commit this binary was built from
 
 Configuration comes from the environment (see README.md); flags override it.
 Run "overage <command> --help" for a command's flags.
@@ -39,13 +46,87 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintf(os.Stderr, "overage: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
-		os.Exit(1)
+	os.Exit(exitStatus(os.Stderr, err))
+}
+
+// exitStatus prints err, if any, as one line on stderr (and a command's
+// synopsis after a usage error) and returns the process's exit status:
+// 0 on success or --help, 2 on a usage error, 1 otherwise.
+func exitStatus(stderr io.Writer, err error) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
 	}
+	fmt.Fprintf(stderr, "overage: %s\n", describe(err))
+	var ue *usageError
+	if errors.As(err, &ue) {
+		if ue.synopsis != "" {
+			fmt.Fprintf(stderr, "usage: %s\n", ue.synopsis)
+		}
+		if ue.command != "" {
+			fmt.Fprintf(stderr, "run \"overage %s --help\" for its flags\n", ue.command)
+		}
+		return 2
+	}
+	return 1
+}
+
+// usageError is a command line the binary cannot make sense of.
+type usageError struct {
+	err               error
+	command, synopsis string
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// SQLSTATEs of a schema older than the binary.
+const (
+	undefinedTable  = "42P01"
+	undefinedColumn = "42703"
+)
+
+// describe renders err for a person, on one line: an application error by
+// its message and the flags it names instead of its internal codes, and a
+// database without our tables as the command that fixes it.
+func describe(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == undefinedTable || pgErr.Code == undefinedColumn) {
+		return "the database is not migrated, or is older than this binary: run `overage migrate` (" + pgErr.Message + ")"
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		// pgconn's message names the host, user and database, never the
+		// password.
+		return "cannot reach PostgreSQL (is it running, and is DATABASE_URL right?): " + connErr.Error()
+	}
+	msg := err.Error()
+	var appErr *overage.Error
+	if errors.As(err, &appErr) {
+		msg = strings.Replace(msg, appErr.Error(), humanMessage(appErr), 1)
+	}
+	return strings.ReplaceAll(strings.TrimSpace(msg), "\n", "; ")
+}
+
+// humanMessage is an application error's message with each bad field
+// named as the flag that sets it.
+func humanMessage(e *overage.Error) string {
+	msg := e.Message
+	for _, f := range e.Fields {
+		msg += fmt.Sprintf("; %s %s", flagOf(f.Field), f.Detail)
+	}
+	return msg
+}
+
+// flagOf names the flag of a JSON field: the CLI and the API share the
+// validation, the API speaking JSON and the CLI flags.
+func flagOf(field string) string {
+	if field == "stripe_customer_id" {
+		return "--stripe-customer"
+	}
+	if field == "body" {
+		return "the command line"
+	}
+	return "--" + strings.ReplaceAll(field, "_", "-")
 }
 
 // env is the process environment, injectable so tests run the binary's
@@ -55,15 +136,34 @@ type env struct {
 	getenv         func(string) string
 }
 
+// run runs one command line. Its error reads as main prints it.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) error {
-	e := env{stdout: stdout, stderr: stderr, getenv: getenv}
+	err := dispatch(ctx, args, env{stdout: stdout, stderr: stderr, getenv: getenv})
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &described{err}
+}
+
+// described is an error as a person reads it (describe); errors.As still
+// finds what it wraps.
+type described struct{ err error }
+
+func (d *described) Error() string { return describe(d.err) }
+func (d *described) Unwrap() error { return d.err }
+
+func dispatch(ctx context.Context, args []string, e env) error {
+	stdout, stderr := e.stdout, e.stderr
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return errors.New("missing command")
+		return &usageError{err: errors.New("missing command")}
 	}
 	switch args[0] {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
+		return nil
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, versionLine())
 		return nil
 	case "migrate":
 		return cmdMigrate(ctx, e, args[1:])
@@ -83,35 +183,70 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return cmdStatus(ctx, e, args[1:])
 	default:
 		fmt.Fprint(stderr, usage)
-		return fmt.Errorf("unknown command %q", args[0])
+		return &usageError{err: fmt.Errorf("unknown command %q", args[0])}
 	}
 }
 
-// newFlags returns a flag set whose --help prints usage to stdout.
-func newFlags(e env, name, synopsis string) *flag.FlagSet {
+// flags is a command's flag set with the synopsis its help and usage
+// errors print.
+type flags struct {
+	*flag.FlagSet
+	e        env
+	synopsis string
+}
+
+// newFlags returns a command's flag set. --help prints its usage to stdout;
+// a bad flag is a usage error, printed once by main.
+func newFlags(e env, name, synopsis string) *flags {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(e.stdout, "Usage: %s\n\nFlags (each overrides its environment variable):\n", synopsis)
-		fs.SetOutput(e.stdout)
+	// The flag package prints the error and the usage itself on a bad
+	// flag; main prints them once instead.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &flags{FlagSet: fs, e: e, synopsis: synopsis}
+}
+
+// parse parses args; after --help it prints the usage and returns
+// flag.ErrHelp, which main treats as success.
+func (fs *flags) parse(args []string) error {
+	err := fs.Parse(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(fs.e.stdout, "Usage: %s\n\nFlags (each overrides its environment variable):\n", fs.synopsis)
+		fs.SetOutput(fs.e.stdout)
 		fs.PrintDefaults()
-		fs.SetOutput(e.stderr)
+		fs.SetOutput(io.Discard)
+		return err
 	}
-	return fs
+	if err == nil && fs.NArg() > 0 {
+		err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err != nil {
+		return fs.usageError(err)
+	}
+	return nil
+}
+
+func (fs *flags) usageError(err error) error {
+	synopsis, _, _ := strings.Cut(fs.synopsis, "\n")
+	return &usageError{err: err, command: fs.Name(), synopsis: synopsis}
 }
 
 // loadConfig reads the environment, then lets the common flags override it.
-func loadConfig(e env, fs *flag.FlagSet, args []string) (*Config, error) {
-	cfg, err := LoadConfig(e.getenv)
-	if err != nil {
+// uses names the variables the command reads: a malformed variable it does
+// not use does not stop it. None names them all.
+func loadConfig(e env, fs *flags, args []string, uses ...string) (*Config, error) {
+	cfg, bad := readConfig(e.getenv)
+	// The default is shown as the variable's name, never its value: a
+	// connection string carries a password.
+	dbURL := fs.String("database-url", "", "PostgreSQL connection string (default: $DATABASE_URL, else "+defaultDatabaseURL+")")
+	if err := fs.parse(args); err != nil {
 		return nil, err
 	}
-	fs.StringVar(&cfg.DatabaseURL, "database-url", cfg.DatabaseURL, "PostgreSQL connection string (DATABASE_URL)")
-	if err := fs.Parse(args); err != nil {
+	if err := bad.of(uses...); err != nil {
 		return nil, err
 	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	if *dbURL != "" {
+		cfg.DatabaseURL = *dbURL
 	}
 	return cfg, nil
 }

@@ -109,25 +109,7 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg, err := LoadConfig(func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatal(err)
-	}
-	var logs syncbuf.Buffer
-	srv, err := NewServer(context.Background(), cfg, newLogger(&logs, cfg.LogLevel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("server shutdown: %v", err)
-		}
-		srv.Close()
-	})
+	srv, logs := startServer(t, env)
 
 	post := func() (int, string, http.Header) {
 		req, _ := http.NewRequest(http.MethodPost, fmt.Sprintf("http://%s/v1/usage-events", srv.Addr()),
@@ -190,12 +172,27 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatalf("admin read of a usage log: %d", status)
 	}
 
+	// A key made over HTTP is in its answer only.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+srv.Addr()+"/v1/tenants", strings.NewReader(`{"name":"Globex","stripe_customer_id":"cus_2"}`))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var viaHTTP struct {
+		APIKey string `json:"api_key"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&viaHTTP); err != nil || res.StatusCode != http.StatusCreated || viaHTTP.APIKey == "" {
+		t.Fatalf("POST /v1/tenants: %d %v", res.StatusCode, err)
+	}
+	res.Body.Close()
+
 	// Secrets never reach a log line, even at debug level.
 	logged := logs.String()
 	if !strings.Contains(logged, "http request") {
 		t.Fatal("no request was logged: the check below would prove nothing")
 	}
-	for name, secret := range map[string]string{"API key": tenant.APIKey, "admin token": adminToken,
+	for name, secret := range map[string]string{"API key": tenant.APIKey, "API key made over HTTP": viaHTTP.APIKey, "admin token": adminToken,
 		"Stripe key": env["STRIPE_SECRET_KEY"], "webhook secret": env["STRIPE_WEBHOOK_SECRET"]} {
 		if strings.Contains(logged, secret) {
 			t.Fatalf("the %s reached the log", name)
@@ -212,4 +209,30 @@ func mustID(t *testing.T, body string) string {
 		t.Fatalf("no id in %s", body)
 	}
 	return v.ID
+}
+
+// startServer runs `overage serve` as the binary wires it, configured by
+// env, until the test ends, and returns it with its log.
+func startServer(t *testing.T, env map[string]string) (*Server, *syncbuf.Buffer) {
+	t.Helper()
+	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncbuf.Buffer{}
+	srv, err := NewServer(context.Background(), cfg, newLogger(logs, cfg.LogLevel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("server shutdown: %v", err)
+		}
+		srv.Close()
+	})
+	return srv, logs
 }

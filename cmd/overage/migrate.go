@@ -9,7 +9,7 @@ import (
 
 func cmdMigrate(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "migrate", "overage migrate [--database-url URL]")
-	cfg, err := loadConfig(e, fs, args)
+	cfg, err := loadConfig(e, fs, args, "LOG_LEVEL")
 	if err != nil {
 		return err
 	}

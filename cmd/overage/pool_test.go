@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"sync"
 	"testing"
@@ -13,24 +12,11 @@ import (
 	"github.com/overage-billing/overage/internal/pgtest"
 )
 
-// startServer runs `overage serve` in-process on dbURL, so a test can
+// startServerOn runs `overage serve` in-process on dbURL, so a test can
 // reach into its pools.
-func startServer(t *testing.T, dbURL string) *Server {
+func startServerOn(t *testing.T, dbURL string) *Server {
 	t.Helper()
-	cfg, err := LoadConfig(func(k string) string {
-		return map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": "admin"}[k]
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := NewServer(context.Background(), cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-served; srv.Close() })
+	srv, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": "admin"})
 	return srv
 }
 
@@ -65,7 +51,7 @@ func TestIngestAnswers503WhenThePoolIsFull(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabase(t)
 	w := newFaultWorld(t, dbURL)
-	srv := startServer(t, dbURL+"&pool_max_conns=3")
+	srv := startServerOn(t, dbURL+"&pool_max_conns=3")
 	body := `{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5}`
 	release := holdAll(t, srv.pool)
 
@@ -94,7 +80,7 @@ func TestSlowStatusDoesNotStarveIngest(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabase(t)
 	w := newFaultWorld(t, dbURL)
-	srv := startServer(t, dbURL+"&pool_max_conns=3")
+	srv := startServerOn(t, dbURL+"&pool_max_conns=3")
 	holdAll(t, srv.adminPool)
 
 	statusCtx, cancelStatus := context.WithCancel(context.Background())

@@ -25,7 +25,7 @@ func cmdReconcile(ctx context.Context, e env, args []string) error {
 	tenant := fs.String("tenant", "", "limit to one tenant's Stripe customer")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	settle := fs.Duration("settle-after", reconcile.DefaultSettleAfter, "how long Stripe's summaries and our retries need to settle")
-	cfg, err := loadConfig(e, fs, args)
+	cfg, err := loadConfig(e, fs, args, "STRIPE_API_BASE", "LOG_LEVEL")
 	if err != nil {
 		return err
 	}
@@ -44,11 +44,11 @@ func cmdReconcile(ctx context.Context, e env, args []string) error {
 		}
 		p.TenantID = &id
 	}
-	if cfg.StripeSecretKey == "" {
-		errs = append(errs, errors.New("STRIPE_SECRET_KEY is required to read Stripe's meter event summaries"))
-	}
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return fs.usageError(err)
+	}
+	if cfg.StripeSecretKey == "" {
+		return errors.New("STRIPE_SECRET_KEY is required to read Stripe's meter event summaries")
 	}
 	reader, err := stripeclient.NewSummaryReader(stripeclient.Config{
 		SecretKey: cfg.StripeSecretKey, APIBase: cfg.StripeAPIBase, Logger: newLogger(e.stderr, cfg.LogLevel),
@@ -65,7 +65,7 @@ func cmdReconcile(ctx context.Context, e env, args []string) error {
 	defer cancel()
 	rep, err := reconcile.Run(rctx, pool, reader, p)
 	if err != nil {
-		return fmt.Errorf("reconcile: %w", describeError(err))
+		return fmt.Errorf("reconcile: %w", err)
 	}
 	if *asJSON {
 		if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
@@ -74,8 +74,34 @@ func cmdReconcile(ctx context.Context, e env, args []string) error {
 	} else if err := reconcile.WriteText(e.stdout, rep); err != nil {
 		return err
 	}
+	if msg := nothingJudged(rep); msg != "" {
+		// On stderr with --json, so the JSON on stdout stays one object.
+		w := e.stdout
+		if *asJSON {
+			w = e.stderr
+		}
+		fmt.Fprintln(w, msg)
+	}
 	if !rep.OK() {
 		return fmt.Errorf("reconciliation found %d difference(s) between the database and Stripe", rep.Differences)
 	}
 	return nil
+}
+
+// nothingJudged says so when no window of the range could be compared yet:
+// a clean exit must not pass for "everything matches".
+func nothingJudged(rep *reconcile.Report) string {
+	for _, r := range rep.Rows {
+		if r.Status != reconcile.StatusTooRecent {
+			return ""
+		}
+	}
+	if len(rep.Rows) == 0 && rep.TooRecentFrom != rep.From {
+		return "" // settled days with nothing billed and nothing in Stripe: they agree
+	}
+	msg := "nothing could be judged yet: every day in the range is too recent (newer than --settle-after, or still being billed)"
+	if rep.TooRecentFrom != "" && rep.TooRecentFrom != rep.From {
+		msg += "; days before " + rep.TooRecentFrom + " had nothing billed"
+	}
+	return msg + "; run it again later, or narrow --to to settled days"
 }

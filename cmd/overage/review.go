@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/user"
 
@@ -27,7 +28,8 @@ func cmdReview(ctx context.Context, e env, args []string) error {
 			fmt.Fprintf(e.stdout, "Usage:\n  %s\n  %s\n", reviewListSynopsis, reviewResolveSynopsis)
 			return nil
 		}
-		return fmt.Errorf("usage: %s | %s", reviewListSynopsis, reviewResolveSynopsis)
+		return &usageError{err: errors.New(`want "review list" or "review resolve"`), command: "review",
+			synopsis: reviewListSynopsis + " | " + reviewResolveSynopsis}
 	}
 	if args[0] == "list" {
 		return cmdReviewList(ctx, e, args[1:])
@@ -39,7 +41,7 @@ func cmdReviewList(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "review list", reviewListSynopsis)
 	tenant := fs.String("tenant", "", "only this tenant's logs")
 	asJSON := fs.Bool("json", false, "print JSON")
-	cfg, err := loadConfig(e, fs, args)
+	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
 	if err != nil {
 		return err
 	}
@@ -69,11 +71,11 @@ func cmdReviewResolve(ctx context.Context, e env, args []string) error {
 			fmt.Fprintf(e.stdout, "Usage: %s\n", reviewResolveSynopsis)
 			return nil
 		}
-		return fmt.Errorf("usage: %s", reviewResolveSynopsis)
+		return &usageError{err: errors.New("missing the usage log id"), command: "review resolve", synopsis: reviewResolveSynopsis}
 	}
 	id, err := uuid.Parse(args[0])
 	if err != nil {
-		return fmt.Errorf("%q is not a usage log id", args[0])
+		return &usageError{err: fmt.Errorf("%q is not a usage log id", args[0]), command: "review resolve", synopsis: reviewResolveSynopsis}
 	}
 	fs := newFlags(e, "review resolve", reviewResolveSynopsis)
 	as := fs.String("as", "", "billed (Stripe has it), resend (send it again with the same keys) or void (never bill it)")
@@ -81,14 +83,14 @@ func cmdReviewResolve(ctx context.Context, e env, args []string) error {
 	by := fs.String("by", currentUser(), "who decides, for the audit trail")
 	force := fs.Bool("force", false, "resend even while Stripe may still hold the old keys")
 	asJSON := fs.Bool("json", false, "print JSON")
-	cfg, err := loadConfig(e, fs, args[1:])
+	cfg, err := loadConfig(e, fs, args[1:], "STRIPE_IDEMPOTENCY_WINDOW", "REPORT_MAX_ATTEMPTS")
 	if err != nil {
 		return err
 	}
 	p := review.ResolveParams{UsageLogID: id, Action: review.Action(*as), Reason: *reason, Actor: *by, Force: *force,
 		IdempotencyWindow: cfg.StripeIdempotencyWindow}
 	if err := p.Validate(); err != nil {
-		return describeError(err)
+		return err
 	}
 	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
 	if err != nil {
@@ -101,7 +103,7 @@ func cmdReviewResolve(ctx context.Context, e env, args []string) error {
 	}
 	res, err := review.NewResolver(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts)).Resolve(ctx, p)
 	if err != nil {
-		return fmt.Errorf("review resolve: %w", describeError(err))
+		return fmt.Errorf("review resolve: %w", err)
 	}
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(res)

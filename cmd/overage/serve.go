@@ -77,9 +77,11 @@ type Server struct {
 	adminPool *pgxpool.Pool
 	ownsPool  bool
 	riverUI   *riverui.Handler
-	ln        net.Listener
-	http      *http.Server
-	logger    *slog.Logger
+	// registry is the one /metrics serves; `overage dev` adds its workers'.
+	registry *prometheus.Registry
+	ln       net.Listener
+	http     *http.Server
+	logger   *slog.Logger
 }
 
 // NewServer connects, listens and wires the API; Run serves it.
@@ -139,6 +141,7 @@ func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger)
 				Observer: metrics.NewIngest(reg),
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
+			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
@@ -146,7 +149,7 @@ func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger)
 		AdminToken: cfg.AdminToken,
 	})
 	return &Server{
-		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui,
+		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui, registry: reg,
 		http: &http.Server{
 			Handler:           withDeadlines(handler),
 			ReadHeaderTimeout: 10 * time.Second,

@@ -57,7 +57,7 @@ func TestWorkShutdownWithReportsInFlight(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabase(t)
 	w := newFaultWorld(t, dbURL)
-	srv := startServer(t, dbURL+"&pool_max_conns=4")
+	srv := startServerOn(t, dbURL+"&pool_max_conns=4")
 	fl := newFlood(srv.Addr(), w.apiKey)
 	for i := range 60 {
 		fl.one(i, 10*time.Second, false)

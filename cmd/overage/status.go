@@ -16,7 +16,7 @@ func cmdStatus(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "status", statusSynopsis)
 	tenant := fs.String("tenant", "", "only this tenant")
 	asJSON := fs.Bool("json", false, "print the JSON object of GET /v1/billing/status")
-	cfg, err := loadConfig(e, fs, args)
+	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
 	if err != nil {
 		return err
 	}
@@ -31,7 +31,7 @@ func cmdStatus(ctx context.Context, e env, args []string) error {
 	defer pool.Close()
 	rep, err := finance.Status(ctx, pool, tenantID)
 	if err != nil {
-		return fmt.Errorf("status: %w", describeError(err))
+		return fmt.Errorf("status: %w", err)
 	}
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(rep)

@@ -27,7 +27,7 @@ func TestStripeDownForHours(t *testing.T) {
 	const window = 10 * time.Second
 	dbURL := pgtest.NewDatabase(t)
 	w := newFaultWorld(t, dbURL)
-	srv := startServer(t, dbURL+"&pool_max_conns=4")
+	srv := startServerOn(t, dbURL+"&pool_max_conns=4")
 	fl := newFlood(srv.Addr(), w.apiKey)
 	ingest := func(from, to int) {
 		for i := from; i < to; i++ {

@@ -4,59 +4,321 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
 
-	"github.com/overage-billing/overage"
+	"github.com/google/uuid"
+
 	"github.com/overage-billing/overage/tenants"
 )
 
+const (
+	tenantCreateSynopsis = "overage tenant create --name NAME --stripe-customer CUS [--included-input-tokens N] [--included-output-tokens N]"
+	tenantListSynopsis   = "overage tenant list [--json]"
+	tenantShowSynopsis   = "overage tenant show ID [--json]"
+	tenantUpdateSynopsis = "overage tenant update ID [--name N] [--stripe-customer CUS] [--included-input-tokens N] [--included-output-tokens N]"
+	tenantKeySynopsis    = "overage tenant key create ID | overage tenant key revoke ID KEY_ID"
+)
+
+var tenantUsage = "Usage:\n  " + strings.Join([]string{tenantCreateSynopsis, tenantListSynopsis, tenantShowSynopsis, tenantUpdateSynopsis,
+	"overage tenant key create ID", "overage tenant key revoke ID KEY_ID"}, "\n  ") + `
+
+A new API key is printed once, in the JSON of "create" and "key create", and
+stored only as its SHA-256. A tenant may hold several keys: create the new
+one, deploy it, then revoke the old one; a revoked key's next request is
+refused. An allowance change applies to usage recorded after it.
+`
+
+// cmdTenant manages tenants and their API keys; `/v1/tenants` does the
+// same over HTTP with the same JSON.
 func cmdTenant(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 || args[0] != "create" {
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			fmt.Fprintln(e.stdout, "Usage: overage tenant create --name NAME --stripe-customer CUS [--included-input-tokens N] [--included-output-tokens N]")
-			return nil
-		}
-		return errors.New(`usage: overage tenant create --name NAME --stripe-customer CUS (see "overage tenant create --help")`)
+	if len(args) == 0 {
+		return &usageError{err: errors.New("missing tenant command"), command: "tenant", synopsis: "overage tenant create|list|show|update|key ..."}
 	}
-	fs := newFlags(e, "tenant create", "overage tenant create --name NAME --stripe-customer CUS [--included-input-tokens N] [--included-output-tokens N]")
-	var p tenants.CreateParams
-	fs.StringVar(&p.Name, "name", "", "tenant name (required)")
-	fs.StringVar(&p.StripeCustomerID, "stripe-customer", "", "Stripe customer id, cus_... (required)")
-	fs.Int64Var(&p.IncludedInputTokens, "included-input-tokens", 0, "input tokens included per billing period")
-	fs.Int64Var(&p.IncludedOutputTokens, "included-output-tokens", 0, "output tokens included per billing period")
-	cfg, err := loadConfig(e, fs, args[1:])
-	if err != nil {
-		return err
+	switch args[0] {
+	case "-h", "--help", "help":
+		fmt.Fprint(e.stdout, tenantUsage)
+		return nil
+	case "create":
+		return cmdTenantCreate(ctx, e, args[1:])
+	case "list":
+		return cmdTenantList(ctx, e, args[1:])
+	case "show":
+		return cmdTenantShow(ctx, e, args[1:])
+	case "update":
+		return cmdTenantUpdate(ctx, e, args[1:])
+	case "key":
+		return cmdTenantKey(ctx, e, args[1:])
 	}
-	if err := p.Validate(); err != nil {
-		return describeError(err)
-	}
+	return &usageError{err: fmt.Errorf("unknown tenant command %q", args[0]), command: "tenant", synopsis: "overage tenant create|list|show|update|key ..."}
+}
+
+// withTenants opens a small pool for one tenant command.
+func withTenants(ctx context.Context, cfg *Config, f func(*tenants.Store) error) error {
 	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	created, err := tenants.NewStore(pool).Create(ctx, p)
-	if err != nil {
-		return fmt.Errorf("create tenant: %w", describeError(err))
-	}
-	b, err := json.Marshal(created)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(e.stdout, string(b))
-	return nil
+	return f(tenants.NewStore(pool))
 }
 
-// describeError renders an application error with its fields on one line.
-func describeError(err error) error {
-	var appErr *overage.Error
-	if !errors.As(err, &appErr) || len(appErr.Fields) == 0 {
+func printJSON(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
 		return err
 	}
-	msg := appErr.Message
-	for _, f := range appErr.Fields {
-		msg += fmt.Sprintf("; --%s %s", f.Field, f.Detail)
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+func cmdTenantCreate(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "tenant create", tenantCreateSynopsis)
+	var p tenants.CreateParams
+	fs.StringVar(&p.Name, "name", "", "tenant name (required)")
+	fs.StringVar(&p.StripeCustomerID, "stripe-customer", "", "Stripe customer id, cus_... (required)")
+	fs.Int64Var(&p.IncludedInputTokens, "included-input-tokens", 0, "input tokens included per billing period")
+	fs.Int64Var(&p.IncludedOutputTokens, "included-output-tokens", 0, "output tokens included per billing period")
+	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
+	if err != nil {
+		return err
 	}
-	return errors.New(msg)
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+		created, err := s.Create(ctx, p)
+		if err != nil {
+			return fmt.Errorf("create tenant: %w", err)
+		}
+		return printJSON(e.stdout, created)
+	})
+}
+
+func cmdTenantList(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "tenant list", tenantListSynopsis)
+	asJSON := fs.Bool("json", false, "print the JSON of GET /v1/tenants")
+	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
+	if err != nil {
+		return err
+	}
+	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+		l, err := s.List(ctx)
+		if err != nil {
+			return fmt.Errorf("list tenants: %w", err)
+		}
+		if *asJSON {
+			return printJSON(e.stdout, l)
+		}
+		if len(l.Tenants) == 0 {
+			fmt.Fprintln(e.stdout, `no tenants yet: add one with "overage tenant create"`)
+			return nil
+		}
+		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tNAME\tSTRIPE CUSTOMER\tINCLUDED INPUT\tINCLUDED OUTPUT\tACTIVE KEYS\tSUSPENDED")
+		for _, t := range l.Tenants {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", t.ID, t.Name, t.StripeCustomerID,
+				t.IncludedInputTokens, t.IncludedOutputTokens, activeKeys(t.APIKeys), yesNo(t.SuspendedAt != nil))
+		}
+		return tw.Flush()
+	})
+}
+
+func activeKeys(keys []tenants.APIKey) int {
+	n := 0
+	for _, k := range keys {
+		if k.RevokedAt == nil {
+			n++
+		}
+	}
+	return n
+}
+
+var idNames = map[string]string{"ID": "a tenant id", "KEY_ID": "an API key id"}
+
+// tenantArgs takes the ids that come before a command's flags.
+func tenantArgs(fs *flags, args []string, names ...string) ([]uuid.UUID, []string, error) {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+		return nil, nil, fs.parse(args[:1])
+	}
+	ids := make([]uuid.UUID, len(names))
+	for i, name := range names {
+		if i >= len(args) || strings.HasPrefix(args[i], "-") {
+			return nil, nil, fs.usageError(fmt.Errorf("missing %s", name))
+		}
+		id, err := uuid.Parse(args[i])
+		if err != nil {
+			return nil, nil, fs.usageError(fmt.Errorf("%q is not %s", args[i], idNames[name]))
+		}
+		ids[i] = id
+	}
+	return ids, args[len(names):], nil
+}
+
+func cmdTenantShow(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "tenant show", tenantShowSynopsis)
+	asJSON := fs.Bool("json", false, "print the JSON of GET /v1/tenants/{id}")
+	ids, rest, err := tenantArgs(fs, args, "ID")
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
+	if err != nil {
+		return err
+	}
+	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+		d, err := s.Show(ctx, ids[0])
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(e.stdout, d)
+		}
+		return writeTenant(e.stdout, d)
+	})
+}
+
+// writeTenant prints a tenant for a person: never a key, only its id and
+// first characters.
+func writeTenant(w io.Writer, d *tenants.Details) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "id\t%s\n", d.ID)
+	fmt.Fprintf(tw, "name\t%s\n", d.Name)
+	fmt.Fprintf(tw, "stripe customer\t%s\n", d.StripeCustomerID)
+	fmt.Fprintf(tw, "included tokens\t%d input, %d output per period\n", d.IncludedInputTokens, d.IncludedOutputTokens)
+	fmt.Fprintf(tw, "created\t%s\n", d.CreatedAt.UTC().Format(time.RFC3339))
+	if s := d.Subscription; s != nil {
+		fmt.Fprintf(tw, "subscription\t%s (%s), period %s to %s\n", s.ID, s.Status,
+			s.CurrentPeriodStart.UTC().Format(time.RFC3339), s.CurrentPeriodEnd.UTC().Format(time.RFC3339))
+	} else {
+		fmt.Fprintf(tw, "subscription\tnone known: the allowance period is the calendar month (UTC)\n")
+	}
+	if d.SuspendedAt != nil {
+		reason := ""
+		if d.SuspendedReason != nil {
+			reason = ": " + *d.SuspendedReason
+		}
+		fmt.Fprintf(tw, "suspended\tsince %s%s\n", d.SuspendedAt.UTC().Format(time.RFC3339), reason)
+	} else {
+		fmt.Fprintf(tw, "suspended\tno\n")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nAPI keys:")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  KEY ID\tPREFIX\tCREATED\tREVOKED")
+	for _, k := range d.APIKeys {
+		revoked := "-"
+		if k.RevokedAt != nil {
+			revoked = k.RevokedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "  %s\t%s…\t%s\t%s\n", k.ID, k.Prefix, k.CreatedAt.UTC().Format(time.RFC3339), revoked)
+	}
+	return tw.Flush()
+}
+
+func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
+	fs := newFlags(e, "tenant update", tenantUpdateSynopsis+"\n\nAn allowance change applies to usage recorded after it; nothing already recorded is recomputed.")
+	name := fs.String("name", "", "new tenant name")
+	customer := fs.String("stripe-customer", "", "new Stripe customer id, cus_...")
+	in := fs.String("included-input-tokens", "", "new input tokens included per billing period")
+	out := fs.String("included-output-tokens", "", "new output tokens included per billing period")
+	ids, rest, err := tenantArgs(fs, args, "ID")
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
+	if err != nil {
+		return err
+	}
+	// Only the flags given change anything: --name "" is an error, not
+	// "leave it".
+	var p tenants.UpdateParams
+	var errs []error
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "name":
+			p.Name = name
+		case "stripe-customer":
+			p.StripeCustomerID = customer
+		case "included-input-tokens", "included-output-tokens":
+			v := *in
+			dst := &p.IncludedInputTokens
+			if f.Name == "included-output-tokens" {
+				v, dst = *out, &p.IncludedOutputTokens
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--%s %q: want a whole number of tokens", f.Name, v))
+				return
+			}
+			*dst = &n
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return fs.usageError(err)
+	}
+	if p == (tenants.UpdateParams{}) {
+		return fs.usageError(errors.New("nothing to change: give --name, --stripe-customer, --included-input-tokens or --included-output-tokens"))
+	}
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+		d, err := s.Update(ctx, ids[0], p)
+		if err != nil {
+			return fmt.Errorf("update tenant: %w", err)
+		}
+		return printJSON(e.stdout, d)
+	})
+}
+
+func cmdTenantKey(ctx context.Context, e env, args []string) error {
+	if len(args) == 0 || (args[0] != "create" && args[0] != "revoke") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			fmt.Fprint(e.stdout, tenantUsage)
+			return nil
+		}
+		return &usageError{err: errors.New("want \"key create\" or \"key revoke\""), command: "tenant", synopsis: tenantKeySynopsis}
+	}
+	if args[0] == "create" {
+		fs := newFlags(e, "tenant key create", "overage tenant key create ID\n\nPrints the new key once, in JSON; it is stored only as its SHA-256.")
+		ids, rest, err := tenantArgs(fs, args[1:], "ID")
+		if err != nil {
+			return err
+		}
+		cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
+		if err != nil {
+			return err
+		}
+		return withTenants(ctx, cfg, func(s *tenants.Store) error {
+			k, err := s.AddKey(ctx, ids[0])
+			if err != nil {
+				return fmt.Errorf("create API key: %w", err)
+			}
+			return printJSON(e.stdout, k)
+		})
+	}
+	fs := newFlags(e, "tenant key revoke", "overage tenant key revoke ID KEY_ID\n\nThe key's next request is refused with 401.")
+	ids, rest, err := tenantArgs(fs, args[1:], "ID", "KEY_ID")
+	if err != nil {
+		return err
+	}
+	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
+	if err != nil {
+		return err
+	}
+	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+		k, err := s.RevokeKeyByID(ctx, ids[0], ids[1])
+		if err != nil {
+			return fmt.Errorf("revoke API key: %w", err)
+		}
+		return printJSON(e.stdout, k)
+	})
 }

@@ -92,6 +92,7 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, dbURL string, opts Options) *Se
 	h := api.NewRouter(api.Config{DB: pool, Handlers: []api.Mounter{
 		ingest.NewHandler(ingest.HandlerConfig{Service: svc, Auth: tenants.NewStore(pool), AdminToken: AdminToken, Observer: metrics.NewIngest(reg)}),
 		finance.NewHandler(finance.HandlerConfig{DB: pool, AdminToken: AdminToken}),
+		tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: AdminToken}),
 		webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: opts.WebhookSecret}),
 	},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),

@@ -124,7 +124,11 @@ func Bearer(r *http.Request) (string, bool) {
 // the token's length or content. An empty adminToken admits no one.
 func IsAdmin(r *http.Request, adminToken string) bool {
 	tok, ok := Bearer(r)
-	if !ok || adminToken == "" {
+	return ok && sameToken(tok, adminToken)
+}
+
+func sameToken(tok, adminToken string) bool {
+	if adminToken == "" {
 		return false
 	}
 	got, want := sha256.Sum256([]byte(tok)), sha256.Sum256([]byte(adminToken))
@@ -137,15 +141,18 @@ func AdminOnly(adminToken string, logger *slog.Logger) func(http.Handler) http.H
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !IsAdmin(r, adminToken) {
-				msg := "send the admin token (ADMIN_TOKEN) as Authorization: Bearer <token>"
-				if adminToken == "" {
-					msg = "ADMIN_TOKEN is not configured: finance and operator endpoints are disabled"
-				}
 				w.Header().Set("WWW-Authenticate", `Bearer realm="overage-admin"`)
-				Error(w, r, logger, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "%s", msg))
+				refuseAdmin(w, r, logger, adminToken, "send the admin token (ADMIN_TOKEN) as Authorization: Bearer <token>")
 				return
 			}
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+func refuseAdmin(w http.ResponseWriter, r *http.Request, logger *slog.Logger, adminToken, msg string) {
+	if adminToken == "" {
+		msg = "ADMIN_TOKEN is not configured: finance and operator endpoints are disabled"
+	}
+	Error(w, r, logger, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "%s", msg))
 }

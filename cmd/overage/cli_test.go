@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/reconcile"
+	"github.com/overage-billing/overage/stripeclient/emulator"
+)
+
+// binary runs the test binary as `overage args...` (see TestMain) with env
+// as its whole environment, and returns its stdout, stderr and exit status.
+func binary(t *testing.T, env map[string]string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = []string{childEnv + "=" + strings.Join(args, " ")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatal(err)
+	}
+	return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+}
+
+// oneLine fails unless stderr is exactly one "overage: ..." line, free of
+// internal codes, and returns it.
+func oneLine(t *testing.T, what, stderr string) string {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "overage: ") {
+		t.Fatalf("%s: stderr is not one error line: %q", what, stderr)
+	}
+	for _, slug := range []string{"(not_found)", "(invalid)", "not-found", "validation-failed", "overage: overage:"} {
+		if strings.Contains(lines[0], slug) {
+			t.Fatalf("%s: the error shows %q: %q", what, slug, lines[0])
+		}
+	}
+	return lines[0]
+}
+
+func TestCLIErrorsAreOneLineOnStderrInWords(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	env := map[string]string{"DATABASE_URL": dbURL}
+
+	out, stderr, code := binary(t, env, "tenant", "show", "0192f3a4-5b6c-7d8e-9f01-23456789abcd")
+	if line := oneLine(t, "unknown tenant", stderr); code != 1 || out != "" || !strings.Contains(line, "tenant 0192f3a4-5b6c-7d8e-9f01-23456789abcd not found") {
+		t.Fatalf("unknown tenant: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	out, stderr, code = binary(t, env, "tenant", "create", "--name", "Acme", "--stripe-customer", "acme")
+	if line := oneLine(t, "invalid tenant", stderr); code != 1 || out != "" || !strings.Contains(line, "--stripe-customer must be") {
+		t.Fatalf("invalid tenant: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+
+	// A usage error: the error once, then the synopsis, all on stderr.
+	out, stderr, code = binary(t, env, "status", "--bogus")
+	if code != 2 || out != "" || strings.Count(stderr, "-bogus") != 1 || !strings.Contains(stderr, "usage: overage status") {
+		t.Fatalf("bad flag: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	out, stderr, code = binary(t, env, "bill-everyone")
+	if code != 2 || out != "" || strings.Count(stderr, `unknown command "bill-everyone"`) != 1 || !strings.Contains(stderr, "Usage:") {
+		t.Fatalf("unknown command: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+}
+
+func TestCLIHelpGoesToStdoutWithoutSecrets(t *testing.T) {
+	t.Parallel()
+	const password = "hunter2-db-password"
+	env := map[string]string{"DATABASE_URL": "postgres://app:" + password + "@db.example:5432/overage", "ADMIN_TOKEN": "admin-tok-help", "STRIPE_SECRET_KEY": "sk_test_helpsecret"}
+	for _, args := range [][]string{{"--help"}, {"status", "--help"}, {"serve", "--help"}, {"work", "--help"}, {"migrate", "--help"},
+		{"dev", "--help"}, {"tenant", "--help"}, {"tenant", "create", "--help"}, {"tenant", "list", "--help"}, {"tenant", "show", "--help"},
+		{"tenant", "update", "--help"}, {"tenant", "key", "create", "--help"}, {"tenant", "key", "revoke", "--help"},
+		{"reconcile", "--help"}, {"review", "--help"}, {"review", "list", "--help"}} {
+		out, stderr, code := binary(t, env, args...)
+		if code != 0 || stderr != "" || !strings.Contains(out, "overage") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, stderr)
+		}
+		for _, secret := range []string{password, env["ADMIN_TOKEN"], env["STRIPE_SECRET_KEY"]} {
+			if strings.Contains(out, secret) {
+				t.Errorf("%v prints a secret: %s", args, out)
+			}
+		}
+	}
+}
+
+func TestCLIReadsOnlyTheSettingsItUses(t *testing.T) {
+	t.Parallel()
+	_, dbURL := pgtest.NewPool(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "SWEEP_INTERVAL": "ten minutes", "REPORT_MAX_ATTEMPTS": "many"}
+	if out, stderr, code := binary(t, env, "status"); code != 0 || !strings.Contains(out, "TOTAL") {
+		t.Fatalf("status with a bad SWEEP_INTERVAL: exit %d, %q %q", code, out, stderr)
+	}
+	if _, stderr, code := binary(t, env, "tenant", "list"); code != 0 {
+		t.Fatalf("tenant list with a bad SWEEP_INTERVAL: exit %d, %q", code, stderr)
+	}
+	// A command that uses it still refuses it, naming it.
+	_, stderr, code := binary(t, env, "work")
+	if line := oneLine(t, "work", stderr); code != 1 || !strings.Contains(line, "SWEEP_INTERVAL") {
+		t.Fatalf("work with a bad SWEEP_INTERVAL: exit %d, %q", code, stderr)
+	}
+}
+
+func TestCLISaysToMigrateAnUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	// A fresh database: the cloned one, its tables dropped.
+	pool, dbURL := pgtest.NewPool(t)
+	if _, err := pool.Exec(context.Background(), `DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": dbURL}
+	for _, args := range [][]string{{"status"}, {"tenant", "list"}, {"tenant", "create", "--name", "A", "--stripe-customer", "cus_a"}, {"review", "list"}} {
+		_, stderr, code := binary(t, env, args...)
+		if line := oneLine(t, strings.Join(args, " "), stderr); code != 1 || !strings.Contains(line, "run `overage migrate`") {
+			t.Errorf("%v on an unmigrated database: exit %d, %q", args, code, stderr)
+		}
+	}
+}
+
+func TestVersionPrintsModuleVersionAndCommit(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		out, _, err := runCmd(t, nil, args...)
+		if err != nil || !strings.HasPrefix(out, "overage ") || !strings.Contains(out, "commit ") {
+			t.Fatalf("%v: %q %v", args, out, err)
+		}
+	}
+	// A real build, as `make build` makes it, carries the commit.
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("not in a git checkout (%v): no commit to compare with", err)
+	}
+	bin := t.TempDir() + "/overage"
+	if out, err := exec.Command("make", "-s", "-C", "../..", "build", "BIN="+bin).CombinedOutput(); err != nil {
+		t.Fatalf("make build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "version").Output()
+	if err != nil || !strings.Contains(string(out), "commit "+strings.TrimSpace(string(head))) || strings.Contains(string(out), "(devel) commit unknown") {
+		t.Fatalf("overage version = %q (%v), want the commit %s", out, err, head)
+	}
+}
+
+func TestReconcileSaysWhenNothingCouldBeJudged(t *testing.T) {
+	t.Parallel()
+	tooRecent := &reconcile.Report{From: "2026-11-29", To: "2026-11-30", TooRecentFrom: "2026-11-29",
+		Rows: []reconcile.Row{{Status: reconcile.StatusTooRecent}}, TooRecent: 1}
+	if msg := nothingJudged(tooRecent); !strings.Contains(msg, "nothing could be judged yet") {
+		t.Fatalf("every window too recent: %q", msg)
+	}
+	if msg := nothingJudged(&reconcile.Report{From: "2026-11-30", To: "2026-11-30", TooRecentFrom: "2026-11-30"}); msg == "" {
+		t.Fatal("an empty range that is too recent said nothing")
+	}
+	judged := &reconcile.Report{From: "2026-11-01", To: "2026-11-02", Rows: []reconcile.Row{{Status: reconcile.StatusMatch}, {Status: reconcile.StatusTooRecent}}}
+	if msg := nothingJudged(judged); msg != "" {
+		t.Fatalf("a range with a judged window: %q", msg)
+	}
+}
+
+func TestCLISaysWhenPostgreSQLDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	const password = "pw-never-printed"
+	env := map[string]string{"DATABASE_URL": "postgres://postgres:" + password + "@127.0.0.1:1/overage?sslmode=disable&connect_timeout=2"}
+	_, stderr, code := binary(t, env, "tenant", "list")
+	line := oneLine(t, "no database", stderr)
+	if code != 1 || !strings.Contains(line, "cannot reach PostgreSQL") || strings.Contains(line, password) {
+		t.Fatalf("unreachable database: exit %d, %q", code, stderr)
+	}
+}
+
+func TestReconcileOfTodaySaysNothingCouldBeJudged(t *testing.T) {
+	t.Parallel()
+	_, dbURL := pgtest.NewPool(t)
+	emu := emulator.New(emulator.Options{})
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emu.Close)
+	env := map[string]string{"DATABASE_URL": dbURL, "STRIPE_SECRET_KEY": "sk_test_123", "STRIPE_API_BASE": base}
+	today := time.Now().UTC().Format("2006-01-02")
+	out, _, err := runCmd(t, env, "reconcile", "--from", today, "--to", today)
+	if err != nil || !strings.Contains(out, "nothing could be judged yet") {
+		t.Fatalf("reconcile of today: %v\n%s", err, out)
+	}
+	out, stderr, err := runCmd(t, env, "reconcile", "--from", today, "--to", today, "--json")
+	if err != nil || !strings.Contains(stderr, "nothing could be judged yet") || strings.Contains(out, "nothing could be judged") {
+		t.Fatalf("reconcile --json of today: %v\nstdout %s\nstderr %s", err, out, stderr)
+	}
+}

@@ -1,0 +1,155 @@
+package tenants
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/overage-billing/overage"
+)
+
+// Details is what an operator sees of a tenant: its allowance, Stripe
+// customer, API keys (never the keys themselves), subscription period and
+// suspension. `overage tenant show --json` and GET /v1/tenants/{id} print
+// it alike.
+type Details struct {
+	overage.Tenant
+	SuspendedAt     *time.Time    `json:"suspended_at"`
+	SuspendedReason *string       `json:"suspended_reason"`
+	Subscription    *Subscription `json:"subscription"`
+	APIKeys         []APIKey      `json:"api_keys"`
+}
+
+// Subscription is the tenant's Stripe subscription as the webhooks last
+// told it: its current period bounds the allowance.
+type Subscription struct {
+	ID                 string    `json:"stripe_subscription_id"`
+	Status             string    `json:"status"`
+	CurrentPeriodStart time.Time `json:"current_period_start"`
+	CurrentPeriodEnd   time.Time `json:"current_period_end"`
+}
+
+// List is every tenant, oldest first.
+type List struct {
+	Tenants []Details `json:"tenants"`
+}
+
+// detailsQuery reads tenants with their newest subscription and their keys
+// in one statement; $1 NULL reads them all.
+const detailsQuery = `
+	SELECT t.id, t.name, t.stripe_customer_id, t.included_input_tokens, t.included_output_tokens, t.created_at,
+	       t.suspended_at, t.suspended_reason,
+	       s.stripe_subscription_id, s.status, s.current_period_start, s.current_period_end,
+	       coalesce((SELECT json_agg(json_build_object('id', k.id, 'prefix', k.key_prefix,
+	                        'created_at', k.created_at, 'revoked_at', k.revoked_at) ORDER BY k.created_at, k.id)
+	                 FROM api_keys k WHERE k.tenant_id = t.id), '[]')
+	FROM tenants t
+	LEFT JOIN LATERAL (SELECT * FROM tenant_subscriptions s WHERE s.tenant_id = t.id
+	                   ORDER BY s.current_period_end DESC LIMIT 1) s ON true
+	WHERE $1::uuid IS NULL OR t.id = $1
+	ORDER BY t.created_at, t.id`
+
+// Show returns one tenant's details.
+func (s *Store) Show(ctx context.Context, id uuid.UUID) (*Details, error) {
+	l, err := s.details(ctx, &id)
+	if err != nil {
+		return nil, err
+	}
+	if len(l) == 0 {
+		return nil, errTenantNotFound(id)
+	}
+	return &l[0], nil
+}
+
+// List returns every tenant's details.
+func (s *Store) List(ctx context.Context) (*List, error) {
+	l, err := s.details(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &List{Tenants: l}, nil
+}
+
+func (s *Store) details(ctx context.Context, id *uuid.UUID) ([]Details, error) {
+	rows, err := s.pool.Query(ctx, detailsQuery, id)
+	if err != nil {
+		return nil, fmt.Errorf("read tenants: %w", err)
+	}
+	out := []Details{}
+	for rows.Next() {
+		var d Details
+		var subID, subStatus *string
+		var subStart, subEnd *time.Time
+		if err := rows.Scan(&d.ID, &d.Name, &d.StripeCustomerID, &d.IncludedInputTokens, &d.IncludedOutputTokens, &d.CreatedAt,
+			&d.SuspendedAt, &d.SuspendedReason, &subID, &subStatus, &subStart, &subEnd, &d.APIKeys); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read tenants: %w", err)
+		}
+		if subID != nil {
+			d.Subscription = &Subscription{ID: *subID, Status: *subStatus, CurrentPeriodStart: *subStart, CurrentPeriodEnd: *subEnd}
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read tenants: %w", err)
+	}
+	return out, nil
+}
+
+// UpdateParams changes a tenant; a nil field is left as it is.
+type UpdateParams struct {
+	Name                 *string `json:"name"`
+	StripeCustomerID     *string `json:"stripe_customer_id"`
+	IncludedInputTokens  *int64  `json:"included_input_tokens"`
+	IncludedOutputTokens *int64  `json:"included_output_tokens"`
+}
+
+// Validate reports every problem with p at once.
+func (p UpdateParams) Validate() error {
+	var fields []overage.FieldError
+	if p.Name == nil && p.StripeCustomerID == nil && p.IncludedInputTokens == nil && p.IncludedOutputTokens == nil {
+		fields = append(fields, overage.FieldError{Field: "body", Detail: "names nothing to change"})
+	}
+	if p.Name != nil && strings.TrimSpace(*p.Name) == "" {
+		fields = append(fields, overage.FieldError{Field: "name", Detail: "must not be empty"})
+	}
+	if p.StripeCustomerID != nil {
+		fields = append(fields, validateCustomer(*p.StripeCustomerID)...)
+	}
+	var in, out int64
+	if p.IncludedInputTokens != nil {
+		in = *p.IncludedInputTokens
+	}
+	if p.IncludedOutputTokens != nil {
+		out = *p.IncludedOutputTokens
+	}
+	fields = append(fields, validateAllowance(in, out)...)
+	if len(fields) > 0 {
+		return overage.Invalid(fields, "invalid tenant update")
+	}
+	return nil
+}
+
+// Update changes a tenant and returns its details. Ingest reads the
+// allowance when it records each event, so a new allowance applies to
+// usage recorded after the change; no recorded log is recomputed.
+func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Details, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET
+		name = coalesce($2, name), stripe_customer_id = coalesce($3, stripe_customer_id),
+		included_input_tokens = coalesce($4, included_input_tokens),
+		included_output_tokens = coalesce($5, included_output_tokens)
+		WHERE id = $1`, id, p.Name, p.StripeCustomerID, p.IncludedInputTokens, p.IncludedOutputTokens)
+	if err != nil {
+		return nil, fmt.Errorf("update tenant: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return nil, errTenantNotFound(id)
+	}
+	return s.Show(ctx, id)
+}
