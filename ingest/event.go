@@ -137,7 +137,9 @@ func parseEvent(body []byte, now time.Time) (*Event, error) {
 		bad("input_tokens", "input_tokens and output_tokens are both zero: nothing to record")
 	}
 
-	ev.Timestamp = now.UTC()
+	// Microseconds, what PostgreSQL stores: the answer, rendered before the
+	// insert, shows the instant a later read returns.
+	ev.Timestamp = now.UTC().Truncate(time.Microsecond)
 	if s := text(fieldTimestamp, false); s != nil {
 		ts, err := time.Parse(time.RFC3339Nano, *s)
 		switch {
