@@ -92,7 +92,7 @@ func TestBatchReplayKeyReuseAndInProgress(t *testing.T) {
 	// While a batch executes, its key answers 409 in progress.
 	inside, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	ingest.SetAfterLogInsert(b.svc, func(context.Context) error {
+	ingest.SetBeforeWrites(b.svc, func(context.Context) error {
 		once.Do(func() { close(inside); <-release })
 		return nil
 	})

@@ -30,7 +30,11 @@ const KeyTTL = 24 * time.Hour
 // its Idempotency-Key — may live.
 const lockTimeout = 10 * time.Second
 
-const lockTimeoutSQL = `SET LOCAL idle_in_transaction_session_timeout = '10s'`
+// beginSQL bounds the transaction (as SET LOCAL would), names its slot for
+// the counter triggers (see slots.go), and tries the key's lock: one
+// statement.
+const beginSQL = `SELECT set_config('idle_in_transaction_session_timeout', '10s', true),
+	set_config('overage.slot', $1::int::text, true), pg_try_advisory_xact_lock($2)`
 
 // retryAfterInProgress is the Retry-After of a 409 in progress: an ingest
 // transaction takes milliseconds, so one second is ample.
@@ -40,15 +44,17 @@ const retryAfterInProgress = time.Second
 type Service struct {
 	pool   *pgxpool.Pool
 	outbox *outbox.Inserter
+	slots  *slotLeases
 
-	// afterLogInsert, set only by tests, runs inside the ingest transaction
-	// after the usage log insert; an error aborts the transaction.
-	afterLogInsert func(ctx context.Context) error
+	// beforeWrites, set only by tests, runs inside the ingest transaction
+	// after its reads and report jobs, before its writes and commit; an
+	// error aborts the transaction.
+	beforeWrites func(ctx context.Context) error
 }
 
 // NewService returns a Service writing to pool and queueing with ob.
 func NewService(pool *pgxpool.Pool, ob *outbox.Inserter) *Service {
-	return &Service{pool: pool, outbox: ob}
+	return &Service{pool: pool, outbox: ob, slots: newSlotLeases()}
 }
 
 // Outcome is the response to send for a usage event.
@@ -139,24 +145,28 @@ func (s *Service) execute(ctx context.Context, req request, render renderer) (*O
 	return nil, dbError(err)
 }
 
-// executeOnce is one ingest transaction. Its round trips: BEGIN; the reads
-// (key lock, stored record, earlier logs of the request_ids, allowance and
-// period totals) in one pipeline; only while an allowance is not yet used
-// up, the period lock and a re-read of its total; the report jobs (River,
-// one statement); the writes (totals, usage logs, stored response) in one
-// pipeline; COMMIT.
+// executeOnce is one ingest transaction, in three round trips (four while
+// an allowance is not yet used up): BEGIN and the reads (key lock, stored
+// record, earlier logs of the request_ids, allowance and period totals) in
+// one pipeline; only while some allowance is left, the period lock and a
+// re-read of its total; the report jobs (River, one statement); the writes
+// (totals, usage logs, stored response) and COMMIT in one pipeline.
 func (s *Service) executeOnce(ctx context.Context, req request, render renderer) (*Outcome, error) {
 	// The key stays "in progress" exactly as long as this transaction: bound
 	// it here, and in the server too should this process stall.
 	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
-	tx, err := s.pool.Begin(ctx)
+	// Given back after the commit or rollback below, when its rows are
+	// unlocked (deferred calls run last in, first out).
+	slot := s.slots.take()
+	defer s.slots.give(slot)
+	tx, err := beginPipeTx(ctx, s.pool)
 	if err != nil {
 		return nil, fmt.Errorf("begin ingest transaction: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer tx.release(context.WithoutCancel(ctx))
 
-	st, err := readState(ctx, tx, req)
+	st, err := readState(ctx, tx, req, slot)
 	if err != nil {
 		return nil, err
 	}
@@ -200,16 +210,13 @@ func (s *Service) executeOnce(ctx context.Context, req request, render renderer)
 	if err != nil {
 		return nil, err
 	}
-	if err := w.exec(ctx, tx, req, st, out); err != nil {
-		return nil, err
-	}
-	if s.afterLogInsert != nil {
-		if err := s.afterLogInsert(ctx); err != nil {
+	if s.beforeWrites != nil {
+		if err := s.beforeWrites(ctx); err != nil {
 			return nil, err
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit ingest transaction: %w", err)
+	if err := w.exec(ctx, tx, req, st, out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -229,6 +236,8 @@ type state struct {
 	// ordered holds the periods whose allowance was not used up: this
 	// transaction holds their lock and writes their slot 0.
 	ordered map[time.Time]bool
+	// slot is the transaction's leased slot for every other row it adds to.
+	slot int16
 }
 
 const periodsSQL = `
@@ -254,8 +263,8 @@ const periodsSQL = `
 // The period of a usage timestamp is the tenant's Stripe subscription
 // period covering it when the webhooks told us one (tenant_subscriptions),
 // else its calendar month in UTC.
-func readState(ctx context.Context, tx pgx.Tx, req request) (*state, error) {
-	st := &state{earlier: map[string]*overage.UsageLog{}, totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}}
+func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state, error) {
+	st := &state{slot: slot, earlier: map[string]*overage.UsageLog{}, totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}}
 	var rids []string
 	ts := make([]time.Time, len(req.events))
 	for i, ev := range req.events {
@@ -265,8 +274,8 @@ func readState(ctx context.Context, tx pgx.Tx, req request) (*state, error) {
 		ts[i] = ev.Timestamp
 	}
 	b := &pgx.Batch{}
-	b.Queue(lockTimeoutSQL)
-	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(req.tenantID, req.key))
+	b.Queue(`BEGIN`)
+	b.Queue(beginSQL, slot, lockKey(req.tenantID, req.key))
 	b.Queue(`SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
 		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
 	if len(rids) > 0 {
@@ -277,9 +286,9 @@ func readState(ctx context.Context, tx pgx.Tx, req request) (*state, error) {
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("bound the ingest transaction: %w", err)
+		return nil, fmt.Errorf("begin ingest transaction: %w", err)
 	}
-	if err := br.QueryRow().Scan(&st.locked); err != nil {
+	if err := br.QueryRow().Scan(nil, nil, &st.locked); err != nil {
 		return nil, fmt.Errorf("take idempotency lock: %w", err)
 	}
 	st.found = true
@@ -461,11 +470,12 @@ func (st *state) newLogs(req request, fresh []int, results []result) (*writes, e
 	return w, nil
 }
 
-// exec writes, in one round trip: the expired record's removal, the
-// period totals (slot 0 of an ordered period, else this backend's slot),
-// the usage logs (in request_id order, so two batches sharing request_ids
-// wait for each other instead of deadlocking), and the stored response.
-func (w *writes) exec(ctx context.Context, tx pgx.Tx, req request, st *state, out *Outcome) error {
+// exec writes and commits, in one round trip: the expired record's
+// removal, the period totals (slot 0 of an ordered period, else the
+// transaction's slot), the usage logs (in request_id order, so two batches
+// sharing request_ids wait for each other instead of deadlocking), the
+// stored response, COMMIT.
+func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, out *Outcome) error {
 	b := &pgx.Batch{}
 	if st.found { // expired: the key starts a new request
 		b.Queue(`DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
@@ -479,13 +489,13 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, req request, st *state, ou
 			ins[i], outs[i] = w.deltas[p].InputTokens, w.deltas[p].OutputTokens
 		}
 		b.Queue(`INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
-			SELECT $1, d.start, CASE WHEN d.ordered THEN 0 ELSE 1 + pg_backend_pid() % 16 END, d.i, d.o
+			SELECT $1, d.start, CASE WHEN d.ordered THEN 0 ELSE $6::smallint END, d.i, d.o
 			FROM unnest($2::timestamptz[], $3::bool[], $4::bigint[], $5::bigint[]) AS d (start, ordered, i, o)
 			ORDER BY 2, 3
 			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
 			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
 			    output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-			req.tenantID, starts, ordered, ins, outs)
+			req.tenantID, starts, ordered, ins, outs, st.slot)
 
 		m := len(w.logs)
 		ids, rids := make([]uuid.UUID, m), make([]*string, m)
@@ -510,9 +520,11 @@ func (w *writes) exec(ctx context.Context, tx pgx.Tx, req request, st *state, ou
 		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
 		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
 		req.tenantID, req.key, req.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds())
+	b.Queue(`COMMIT`)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("write usage logs and idempotency record: %w", err)
+		return fmt.Errorf("write usage logs and idempotency record, commit: %w", err)
 	}
+	tx.commitQueued()
 	return nil
 }
 

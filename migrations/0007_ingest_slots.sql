@@ -3,50 +3,55 @@
 -- billing_counters row — are spread over slots, summed on read.
 --
 -- Why. A row updated by a transaction stays locked until that transaction
--- commits, so a tenant whose every event updated the same two rows had its
--- events commit one at a time (about 600 events/s for one tenant however
--- many app servers sent them). With slots, concurrent transactions update
--- different rows and their commits overlap.
+-- commits (WAL flush included), so a tenant whose every event updated the
+-- same two rows had its events commit one at a time: about 600 events/s
+-- for one tenant however many app servers sent them. With slots,
+-- concurrent transactions update different rows and their commits overlap.
 --
--- allowance_usage. Slot 0 is the ordered row: an event whose period still
--- has allowance left takes a transaction-scoped advisory lock on (tenant,
--- period), reads the period's total (the sum over all slots) in a statement
--- that starts after the lock is granted, and adds its tokens to slot 0, so
--- such events of one tenant and period are ordered and each sees the exact
--- total before it — the split across the allowance stays exact. Once a
--- period's committed total has reached the allowance in both dimensions
--- (always, for a tenant with no allowance) nothing needs ordering: totals
--- only grow, so every later event's overage is all of its tokens. Such an
--- event takes no lock and adds its tokens to slot 1 + (backend pid mod 16),
--- a row no ordered event writes and few concurrent connections share.
--- Why an ordered event never misses a concurrent unordered one: an
--- unordered transaction in flight saw a committed total at or above the
--- allowance, and the ordered one reads later, so it sees that total too
--- and charges its own tokens in full as well (see ingest/doc.go).
+-- The slot of a row is the writer's: `overage serve` leases each ingest
+-- transaction a slot from 1 to 64 that no other transaction of the process
+-- holds (ingest/slots.go) and names it in the transaction setting
+-- overage.slot, which the counter triggers read. A writer that names none
+-- (the report workers, an operator's UPDATE, RebuildCounters) writes slot
+-- 0, as every write did before this migration.
 --
--- billing_counters. Each row is now (tenant, billing status, slot), the
--- slot being the writing backend's pid mod 16, so concurrent connections
--- update different rows; every reader sums over slots (finance.Status,
--- finance.NeedsReview, metrics.ReadBacklog) and finance.RebuildCounters
--- writes slot 0. The insert trigger is now per statement over a transition
--- table: a batch of 1,000 logs costs one counter upsert per (tenant,
--- status), not 1,000 updates of one row.
+-- allowance_usage. Slot 0 is also the ordered row: an event whose period
+-- still has allowance left takes a transaction-scoped advisory lock on
+-- (tenant, period), reads the period's total (the sum over all slots) in a
+-- statement that starts after the lock is granted, and adds its tokens to
+-- slot 0, so such events of one tenant and period are ordered and each
+-- sees the exact total before it: the split across the allowance stays
+-- exact. Once a period's committed total has reached the allowance in both
+-- dimensions (always, for a tenant with no allowance) nothing needs
+-- ordering — totals only grow, so every later event's overage is all of its
+-- tokens — and the event takes no lock and adds to its leased slot. An
+-- ordered event never misses an unordered one: an unordered transaction in
+-- flight saw a committed total at or above the allowance, the ordered one
+-- reads later and sees that total too, so it charges all its tokens as
+-- well.
+--
+-- billing_counters. Each row is now (tenant, billing status, slot); every
+-- reader sums over slots (finance.Status, finance.NeedsReview,
+-- metrics.ReadBacklog) and finance.RebuildCounters writes slot 0. The
+-- insert trigger is now per statement over a transition table: a batch of
+-- 1,000 logs costs one counter upsert per (tenant, status), not 1,000
+-- updates of one row.
 --
 -- Deadlock freedom (replacing the reasoning of 0002_finance.sql, which
 -- still holds with "row" read as "row of one slot"): every statement that
--- touches counter rows touches those of ONE slot (its backend's), in
--- (tenant_id, billing_status) order: the insert trigger groups and sorts,
+-- touches counter rows touches those of ONE slot (its transaction's), in
+-- (tenant_id, billing_status) order — the insert trigger groups and sorts,
 -- the update trigger upserts at most the old and new status of one log
--- sorted, the delete trigger one row. Ingest takes, in this order: the
--- idempotency advisory lock (try, never waits), the allowance advisory
--- locks of its periods in sorted order (only when some allowance is left),
--- the allowance rows of its periods in (period, slot) order, the unique
--- index entries of its usage logs in request_id order, the counter rows of
--- its slot, then River's job rows. No path takes these in the opposite
--- order: the worker and the sweep take counter rows and River's job rows,
--- never an allowance lock or row. Two ingest transactions of one batch's
--- events in different orders cannot cycle on request_id because both
--- insert in request_id order.
+-- sorted, the delete trigger one row. An ingest transaction takes, in this
+-- order: the idempotency advisory lock (try, never waits); the allowance
+-- advisory locks of its periods, sorted, only while some allowance is
+-- left; its allowance rows in (period, slot) order; the unique index
+-- entries of its usage logs in request_id order; the counter rows of its
+-- slot; River's job rows (before the rest, in its own statement, with keys
+-- no other transaction writes). No path takes these in the opposite order:
+-- the workers and the sweep take counter rows and River's job rows, never
+-- an allowance lock or row; two ingest transactions sharing request_ids
+-- insert them in the same order.
 --
 -- Deployment on a large database: usage_logs is not rewritten or scanned.
 -- allowance_usage holds one row per tenant and period and billing_counters
@@ -76,11 +81,12 @@ ALTER TABLE billing_counters DROP CONSTRAINT billing_counters_pkey,
 COMMENT ON TABLE billing_counters IS
     'usage_logs count and overage sums per tenant and billing_status, spread over slots (sum them), maintained by triggers on usage_logs; rebuild with finance.RebuildCounters';
 
--- The update and delete paths: one log at a time, its backend's slot.
+-- The update and delete paths: one log at a time, both of its rows in the
+-- writer's slot.
 CREATE OR REPLACE FUNCTION billing_counters_track() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    s smallint := (pg_backend_pid() % 16)::smallint;
+    s smallint := coalesce(nullif(current_setting('overage.slot', true), '')::smallint, 0);
 BEGIN
     IF TG_OP = 'DELETE' THEN
         INSERT INTO billing_counters AS c (tenant_id, billing_status, slot, usage_logs, overage_input_tokens, overage_output_tokens)
@@ -113,9 +119,11 @@ $$;
 -- The insert path: once per statement, over every row it inserted.
 CREATE FUNCTION billing_counters_insert_rows() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    s smallint := coalesce(nullif(current_setting('overage.slot', true), '')::smallint, 0);
 BEGIN
     INSERT INTO billing_counters AS c (tenant_id, billing_status, slot, usage_logs, overage_input_tokens, overage_output_tokens)
-    SELECT n.tenant_id, n.billing_status, (pg_backend_pid() % 16)::smallint,
+    SELECT n.tenant_id, n.billing_status, s,
            count(*), sum(n.overage_input_tokens)::bigint, sum(n.overage_output_tokens)::bigint
     FROM new_usage_logs n
     GROUP BY n.tenant_id, n.billing_status
