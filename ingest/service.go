@@ -255,7 +255,10 @@ const periodsSQL = `
 		LEFT JOIN allowance_usage a ON a.tenant_id = $1 AND a.period_start = d.start
 		GROUP BY d.start
 	)
-	SELECT p.start, tot.i, tot.o FROM p JOIN tot ON tot.start = p.start ORDER BY p.ord`
+	SELECT p.start, tot.i, tot.o, t.included_input_tokens, t.included_output_tokens, now()
+	FROM p JOIN tot ON tot.start = p.start CROSS JOIN tenants t
+	WHERE t.id = $1
+	ORDER BY p.ord`
 
 // readState takes the key's lock and reads, in one round trip and in
 // snapshots taken after the lock: the stored record, the logs already
@@ -281,7 +284,6 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 	if len(rids) > 0 {
 		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = ANY($2)`, req.tenantID, rids)
 	}
-	b.Queue(`SELECT included_input_tokens, included_output_tokens, now() FROM tenants WHERE id = $1`, req.tenantID)
 	b.Queue(periodsSQL, req.tenantID, ts)
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
@@ -315,10 +317,6 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 			return nil, fmt.Errorf("read usage logs by request_id: %w", err)
 		}
 	}
-	if err := br.QueryRow().Scan(&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now); err != nil {
-		return nil, fmt.Errorf("read allowance: %w", err)
-	}
-	st.now = st.now.UTC()
 	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("read allowance periods: %w", err)
@@ -326,11 +324,12 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 	for rows.Next() {
 		var start time.Time
 		var tot overage.Overage
-		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens); err != nil {
+		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
+			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read allowance periods: %w", err)
 		}
-		start = start.UTC()
+		start, st.now = start.UTC(), st.now.UTC()
 		st.periods = append(st.periods, start)
 		st.totals[start] = &tot
 	}

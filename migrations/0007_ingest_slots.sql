@@ -62,12 +62,13 @@
 -- every writer behind a long transaction; it then applied nothing and can
 -- be run again.
 
--- The tables are locked in the order an ingest transaction takes them
--- (allowance, logs, counters), so the migration queues behind ingest
--- instead of deadlocking with it.
+-- The tables are locked in the order an ingest transaction first touches
+-- them (its reads: stored answers, logs, allowance; then the counters), so
+-- the migration queues behind ingest instead of deadlocking with it.
 SET LOCAL lock_timeout = '30s';
-LOCK TABLE allowance_usage IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE;
 LOCK TABLE usage_logs IN SHARE ROW EXCLUSIVE MODE;
+LOCK TABLE allowance_usage IN ACCESS EXCLUSIVE MODE;
 LOCK TABLE billing_counters IN ACCESS EXCLUSIVE MODE;
 
 ALTER TABLE allowance_usage ADD COLUMN slot smallint NOT NULL DEFAULT 0;
@@ -143,3 +144,16 @@ CREATE TRIGGER usage_logs_billing_counters_insert
     AFTER INSERT ON usage_logs
     REFERENCING NEW TABLE AS new_usage_logs
     FOR EACH STATEMENT EXECUTE FUNCTION billing_counters_insert_rows();
+
+-- A batch's stored answer is up to about 700 KB of JSON. lz4 compresses it
+-- several times faster than the default pglz, which the ingest
+-- transaction pays for on every batch (single answers are too small to be
+-- compressed at all). Catalogue-only: existing rows keep their
+-- compression. A server built without lz4 keeps pglz.
+DO $$
+BEGIN
+    ALTER TABLE idempotency_keys ALTER COLUMN response_body SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported THEN
+    RAISE NOTICE 'lz4 is not available: idempotency_keys.response_body keeps the default compression';
+END
+$$;
