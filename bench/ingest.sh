@@ -31,17 +31,26 @@ trap 'kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do curl -fs "http://$ADDR/readyz" >/dev/null && break; sleep 0.1; done
 
 # run NAME CLIENTS EVENTS_PER_TX PGBENCH_SCRIPT INGESTLOAD_FLAGS...
+# The machine is shared and its load drifts, so the two sides alternate
+# A B B A, each half of DURATION twice: a linear drift cancels out of the
+# ratio. Latencies are the mean of the two HTTP halves.
 run() {
   local name=$1 c=$2 per=$3 script=$4; shift 4
-  local http pgb tps
-  http=$(./bin/ingestload -url "http://$ADDR" -clients "$c" -duration "${DURATION}s" "$@")
-  pgb=$(pgbench -n -c "$c" -j 2 -T "$DURATION" -f "$script" "$REF_URL" 2>&1)
-  tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$pgb" | tail -1)
-  python3 - "$name" "$c" "$http" "$tps" "$per" <<'PY'
+  local half=$(( (DURATION + 1) / 2 )) h1 h2 p1 p2
+  http_half() { ./bin/ingestload -url "http://$ADDR" -clients "$c" -duration "${half}s" "$@"; }
+  ref_half() { pgbench -n -c "$c" -j 2 -T "$half" -f "$script" "$REF_URL" 2>&1 | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | tail -1; }
+  h1=$(http_half "$@"); p1=$(ref_half); p2=$(ref_half); h2=$(http_half "$@")
+  python3 - "$name" "$c" "$h1" "$h2" "$p1" "$p2" "$per" <<'PY'
 import json, sys
-name, c, h, tps, per = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+name, c = sys.argv[1], sys.argv[2]
+h1, h2 = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+tps = (float(sys.argv[5]) + float(sys.argv[6])) / 2
+per = int(sys.argv[7])
+ev = (h1['events_per_s'] + h2['events_per_s']) / 2
+p50 = (h1['p50_ms'] + h2['p50_ms']) / 2
+p99 = (h1['p99_ms'] + h2['p99_ms']) / 2
 ref = tps * per
-print(f"{name:<8} {c:>7} {h['events_per_s']:12.0f} {h['p50_ms']:9.2f} {h['p99_ms']:9.2f} {ref:14.0f} {h['events_per_s']/ref:7.2f}")
+print(f"{name:<8} {c:>7} {ev:12.0f} {p50:9.2f} {p99:9.2f} {ref:14.0f} {ev/ref:7.2f}")
 PY
 }
 printf '%-8s %7s %12s %9s %9s %14s %7s\n' load clients events/s p50_ms p99_ms ref_events/s ratio
