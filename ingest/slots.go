@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"math/rand/v2"
+	"slices"
 	"sync"
 )
 
@@ -25,9 +26,7 @@ import (
 // Slot 0 is not leased: it is the allowance's ordered row, and the
 // counters' row for writers that take no lease (the report workers, an
 // operator's UPDATE).
-const (
-	numSlots = 64
-)
+const numSlots = 64
 
 type slotLeases struct {
 	mu   sync.Mutex
@@ -61,16 +60,9 @@ func (l *slotLeases) take() int16 {
 func (l *slotLeases) give(s int16) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.free) < numSlots && !slicesContains(l.free, s) {
+	// A slot shared past numSlots leases comes back once per holder: keep
+	// one copy.
+	if len(l.free) < numSlots && !slices.Contains(l.free, s) {
 		l.free = append(l.free, s)
 	}
-}
-
-func slicesContains(s []int16, v int16) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
