@@ -326,3 +326,93 @@ func TestConcurrentSingleEventsAndBatchesCrossingTheAllowance(t *testing.T) {
 	wg.Wait()
 	b.requireExactTotals(t, b.capped.ID.String(), 3900+1000-1000, 1200+400-500)
 }
+
+// Concurrent requests racing on the same request_ids under different keys:
+// the unique index decides, the losers' transactions (their COMMIT
+// pipelined with the failed insert) roll back whole and answer with the
+// winner's log. Batches share request_ids in different orders, which must
+// not deadlock.
+func TestConcurrentRequestsSharingRequestIDsRecordEachOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var wg sync.WaitGroup
+	singles := make([]response, 10)
+	for i := range singles {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			singles[i] = b.post(t, b.alice.APIKey, fmt.Sprintf("s%d", i), batchEvent("same", 7, 7))
+		}()
+	}
+	batches := make([]response, 10)
+	for i := range batches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			evs := []string{batchEvent("x", 1, 1), batchEvent("y", 2, 2), batchEvent("z", 3, 3)}
+			if i%2 == 1 {
+				evs[0], evs[2] = evs[2], evs[0]
+			}
+			batches[i] = b.postBatch(t, b.alice.APIKey, fmt.Sprintf("b%d", i), batch(evs...))
+		}()
+	}
+	wg.Wait()
+	created := 0
+	for _, r := range singles {
+		switch r.status {
+		case http.StatusAccepted:
+			created++
+		case http.StatusOK:
+			if r.json(t)["duplicate"] != true {
+				t.Fatalf("200 without duplicate: %s", r.body)
+			}
+		default:
+			t.Fatalf("single: %d %s", r.status, r.body)
+		}
+	}
+	if created != 1 {
+		t.Fatalf("%d singles recorded the same request_id, want 1", created)
+	}
+	total := 0
+	for _, r := range batches {
+		requireStatus(t, r, http.StatusAccepted)
+		total += int(r.json(t)["created"].(float64))
+	}
+	if total != 3 {
+		t.Fatalf("batches created %d logs in all, want 3 (x, y, z once)", total)
+	}
+	if b.logs(t) != 4 || b.jobs(t) != 4 {
+		t.Fatalf("logs/jobs = %d/%d, want 4/4", b.logs(t), b.jobs(t))
+	}
+	b.requireExactTotals(t, b.alice.ID.String(), 7+1+2+3, 7+1+2+3)
+}
+
+// A batch whose events fall in two allowance periods — the tenant's Stripe
+// subscription period and, before it, the calendar month — counts each
+// against its own period, in request order.
+func TestBatchSplitsEachPeriodSeparately(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	now := time.Now().UTC()
+	if _, err := b.pool.Exec(context.Background(), `INSERT INTO tenant_subscriptions
+		(tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
+		VALUES ($1, 'sub_1', 'active', $2, $3, now())`, b.capped.ID, now.Add(-2*time.Hour), now.Add(30*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	at := func(rid string, d time.Duration, in int) string {
+		return fmt.Sprintf(`{"request_id":%q,"timestamp":%q,"user_id":"u","model_id":"m","input_tokens":%d,"output_tokens":0}`,
+			rid, now.Add(d).Format(time.RFC3339Nano), in)
+	}
+	r := b.postBatch(t, b.capped.APIKey, "k", batch(at("a", -time.Hour, 800), at("b", -3*time.Hour, 800), at("c", -time.Hour, 800), at("d", -3*time.Hour, 300)))
+	requireStatus(t, r, http.StatusAccepted)
+	want := []float64{0, 0, 600, 100} // 1,000 included per period
+	for i, e := range batchEvents(t, r) {
+		if got := e["overage"].(map[string]any)["input_tokens"]; got != want[i] {
+			t.Fatalf("event %d overage %v, want %v: %s", i, got, want[i], r.body)
+		}
+	}
+	if n := b.count(t, "SELECT count(DISTINCT period_start) FROM allowance_usage WHERE tenant_id = $1", b.capped.ID); n != 2 {
+		t.Fatalf("%d allowance periods, want 2", n)
+	}
+	b.requireExactTotals(t, b.capped.ID.String(), 700, 0)
+}
