@@ -32,8 +32,14 @@ const lockTimeout = 10 * time.Second
 
 // beginSQL bounds the transaction (as SET LOCAL would), names its slot for
 // the counter triggers (see slots.go), and tries the key's lock: one
-// statement.
+// statement. For a single event it also makes the transaction's prepared
+// statements use their generic plan: they take arrays, for which
+// PostgreSQL would otherwise plan every execution anew — planning cost more
+// than executing the period lookup (0.18 ms vs 0.12 ms), and single events
+// went 13% faster without it. A batch keeps plans made for its arrays
+// (generic plans measured 6% slower there).
 const beginSQL = `SELECT set_config('idle_in_transaction_session_timeout', '10s', true),
+	set_config('plan_cache_mode', $3::text, true),
 	set_config('overage.slot', $1::int::text, true), pg_try_advisory_xact_lock($2)`
 
 // retryAfterInProgress is the Retry-After of a 409 in progress: an ingest
@@ -278,7 +284,11 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
-	b.Queue(beginSQL, slot, lockKey(req.tenantID, req.key))
+	planMode := "auto"
+	if len(req.events) == 1 {
+		planMode = "force_generic_plan"
+	}
+	b.Queue(beginSQL, slot, lockKey(req.tenantID, req.key), planMode)
 	b.Queue(`SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
 		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
 	if len(rids) > 0 {
@@ -290,7 +300,7 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("begin ingest transaction: %w", err)
 	}
-	if err := br.QueryRow().Scan(nil, nil, &st.locked); err != nil {
+	if err := br.QueryRow().Scan(nil, nil, nil, &st.locked); err != nil {
 		return nil, fmt.Errorf("take idempotency lock: %w", err)
 	}
 	st.found = true
