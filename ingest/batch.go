@@ -1,10 +1,8 @@
 package ingest
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -27,31 +25,12 @@ const (
 // batch, so a client that regroups a failed batch under a new key can never
 // have an event recorded twice.
 func parseBatch(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, error) {
-	var raw map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&raw); err != nil || raw == nil {
-		msg := `the body must be a JSON object {"events": [...]}`
-		if err != nil {
-			msg = fmt.Sprintf("the body is not valid JSON: %v", err)
-		}
-		return nil, malformed("body", msg)
+	raw, err := decodeObject(body, `the body must be a JSON object {"events": [...]}`)
+	if err != nil {
+		return nil, err
 	}
-	if dec.More() {
-		return nil, malformed("body", "unexpected data after the JSON object")
-	}
-	var unknown []string
-	for k := range raw {
-		if k != "events" {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		e := overage.Errorf(overage.EMALFORMED, "malformed-request", "unknown field(s): %s", strings.Join(unknown, ", "))
-		for _, k := range unknown {
-			e.Fields = append(e.Fields, overage.FieldError{Field: k, Detail: "unknown field"})
-		}
-		return nil, e
+	if err := refuseUnknown(raw, func(k string) bool { return k == "events" }); err != nil {
+		return nil, err
 	}
 	var items []json.RawMessage
 	if v, ok := raw["events"]; !ok || string(v) == "null" {
