@@ -87,10 +87,12 @@ func (i *Inserter) InsertReportTx(ctx context.Context, tx pgx.Tx, usageLogID uui
 }
 
 // InsertReportsTx queues, in tx, the reporting of the usage logs one ingest
-// transaction wrote for tenantID (one for a single event, up to 1,000 for a
-// batch). The ingest calls it exactly once per transaction, so how reports
-// are shaped — today one unique job per log — stays this function's
-// business: callers must not assume a job per log.
+// transaction wrote for tenantID that have overage to bill (pending; a
+// not_billable log is never reported): one for a single event, up to 1,000
+// for a batch, possibly none. The ingest calls it exactly once per
+// transaction that records logs, so how reports are shaped — today one
+// unique job per log — stays this function's business: callers must not
+// assume a job per log.
 //
 // All jobs go in one statement (River's InsertManyTx). A unique key twice
 // in one such statement aborts it (SQLSTATE 21000), so repeated ids are
