@@ -163,6 +163,20 @@ func post(bearer, key, body string) call {
 	return call{method: http.MethodPost, path: "/v1/usage-events", bearer: bearer, header: h, body: body}
 }
 
+func postBatch(bearer, key, body string) call {
+	c := post(bearer, key, body)
+	c.path = "/v1/usage-events/batch"
+	return c
+}
+
+// batchOf is a batch body of the given events.
+func batchOf(events ...string) string { return `{"events":[` + strings.Join(events, ",") + `]}` }
+
+// withRID is a batch event with request_id rid.
+func withRID(rid string, in, out int) string {
+	return fmt.Sprintf(`{"request_id":%q,"user_id":"u_42","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, rid, in, out)
+}
+
 func get(path, bearer string) call {
 	return call{method: http.MethodGet, path: path, bearer: bearer}
 }
@@ -285,6 +299,7 @@ type fixture struct {
 	body1, body1Reordered string
 	logID                 string
 	firstBody, dupBody    []byte
+	batchBody             []byte
 	billedID, failedID    string
 	reviewID, freeID      string
 
@@ -757,6 +772,68 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 				return post(alice(f), "k-v", `{"user_id":"`+strings.Repeat("u", 256)+`","model_id":"m","input_tokens":1,"output_tokens":1}`)
 			}},
 
+		// POST /v1/usage-events/batch.
+		{name: "202 batch", status: 202,
+			req: func(f *fixture) call {
+				// b-1 is new; the body1 event was recorded above: a duplicate.
+				return postBatch(alice(f), "b-1", batchOf(withRID("b-1", 5, 5), f.body1))
+			},
+			check: func(t *testing.T, f *fixture, r *result) {
+				m := r.json(t)
+				evs := m["events"].([]any)
+				first, second := evs[0].(map[string]any), evs[1].(map[string]any)
+				if m["created"] != 1.0 || m["duplicates"] != 1.0 || first["duplicate"] != false || first["index"] != 0.0 ||
+					second["duplicate"] != true || second["id"] != f.logID || second["index"] != 1.0 {
+					t.Fatalf("batch answer: %s", r.body)
+				}
+				f.batchBody = r.body
+			}},
+		{name: "202 batch replay", status: 202, replayed: true,
+			req:   func(f *fixture) call { return postBatch(alice(f), "b-1", batchOf(withRID("b-1", 5, 5), f.body1)) },
+			check: sameBodyAs(func(f *fixture) []byte { return f.batchBody })},
+		{name: "409 batch key reused with another body", status: 409, problem: "idempotency-key-reused",
+			req:   func(f *fixture) call { return postBatch(alice(f), "b-1", batchOf(withRID("b-1", 5, 5))) },
+			check: noRetryAfter},
+		{name: "400 batch not JSON", status: 400, problem: "malformed-request", field: "body", docRefuses: true,
+			req: func(f *fixture) call { return postBatch(alice(f), "b-m", `{"events":[`) }},
+		{name: "400 batch event with an unknown field", status: 400, problem: "malformed-request", field: "events[1].cost", docRefuses: true,
+			req: func(f *fixture) call {
+				return postBatch(alice(f), "b-m", batchOf(withRID("a", 1, 1), `{"request_id":"b","user_id":"u","model_id":"m","input_tokens":1,"output_tokens":1,"cost":1}`))
+			}},
+		{name: "401 batch, unknown API key", status: 401, problem: "unauthorized",
+			req: func(f *fixture) call { return postBatch("ovg_nope", "b-u", batchOf(withRID("a", 1, 1))) }},
+		{name: "403 batch, tenant_id of another tenant", status: 403, problem: "tenant-mismatch",
+			req: func(f *fixture) call {
+				return postBatch(alice(f), "b-t", batchOf(`{"request_id":"a","user_id":"u","model_id":"m","input_tokens":1,"output_tokens":1,"tenant_id":"`+f.bob.ID.String()+`"}`))
+			}},
+		{name: "413 batch over 1 MiB", status: 413, problem: "payload-too-large",
+			req: func(f *fixture) call {
+				return postBatch(alice(f), "b-big", batchOf(withRID("a", 1, 1))+strings.Repeat(" ", 1<<20))
+			}},
+		{name: "422 batch, a bad field of one event", status: 422, problem: "validation-failed", field: "events[1].input_tokens", docRefuses: true,
+			req: func(f *fixture) call {
+				return postBatch(alice(f), "b-v", batchOf(withRID("a", 1, 1), withRID("b", -1, 1)))
+			}},
+		{name: "422 batch, request_id repeated", status: 422, problem: "validation-failed", field: "events[0].request_id",
+			req: func(f *fixture) call {
+				return postBatch(alice(f), "b-v", batchOf(withRID("a", 1, 1), withRID("a", 2, 2)))
+			},
+			check: func(t *testing.T, f *fixture, r *result) {
+				if !strings.Contains(string(r.body), `"field":"events[1].request_id"`) {
+					t.Fatalf("the second index is not named: %s", r.body)
+				}
+			}},
+		{name: "422 batch, request_id missing", status: 422, problem: "validation-failed", field: "events[0].request_id", docRefuses: true,
+			req: func(f *fixture) call { return postBatch(alice(f), "b-v", batchOf(event(1, 1))) }},
+		{name: "422 batch of more than 1,000 events", status: 422, problem: "validation-failed", field: "events", docRefuses: true,
+			req: func(f *fixture) call {
+				evs := make([]string, 1001)
+				for i := range evs {
+					evs[i] = withRID(fmt.Sprintf("r%d", i), 1, 1)
+				}
+				return postBatch(alice(f), "b-v", batchOf(evs...))
+			}},
+
 		// GET /v1/usage-events/{id}.
 		{name: "200 usage log, owner", status: 200,
 			req:   func(f *fixture) call { return get("/v1/usage-events/"+f.logID, alice(f)) },
@@ -942,11 +1019,23 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			check: noRetryAfter},
 		{name: "202 replay after completion", status: 202, replayed: true,
 			req: func(f *fixture) call { return post(alice(f), "k-inflight", event(21, 1)) }},
+		{name: "409 batch in progress", status: 409, problem: "idempotency-key-in-progress",
+			before: startInflightCall(func(f *fixture) call { return postBatch(f.alice.APIKey, "b-inflight", batchOf(withRID("b-in", 3, 3))) }),
+			req:    func(f *fixture) call { return postBatch(alice(f), "b-inflight", batchOf(withRID("b-in", 3, 3))) },
+			check:  retryAfter,
+			after: func(t *testing.T, f *fixture) {
+				if err := f.lockTx.Rollback(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "202 the first batch completes", status: 202, awaitInflight: true},
 
 		// 500: the tables are renamed away, an unexpected database error.
 		{name: "500 ingest, internal error", status: 500, problem: "internal",
 			before: renameTables("", "_hidden"),
 			req:    func(f *fixture) call { return post(alice(f), "k-500", event(1, 1)) }},
+		{name: "500 batch, internal error", status: 500, problem: "internal",
+			req: func(f *fixture) call { return postBatch(alice(f), "b-500", batchOf(withRID("b-500", 1, 1))) }},
 		{name: "500 usage log, internal error", status: 500, problem: "internal",
 			req: func(f *fixture) call { return get("/v1/usage-events/"+f.logID, alice(f)) }},
 		{name: "500 webhook, internal error", status: 500, problem: "internal",
@@ -962,6 +1051,9 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			before: func(t *testing.T, f *fixture) { f.proxy.SetDown(true) },
 			req:    func(f *fixture) call { return post(alice(f), "k-down", event(5, 5)) },
 			check:  retryAfter},
+		{name: "503 batch, database down", status: 503, problem: "service-unavailable",
+			req:   func(f *fixture) call { return postBatch(alice(f), "b-down", batchOf(withRID("b-down", 1, 1))) },
+			check: retryAfter},
 		{name: "503 usage log, database down", status: 503, problem: "service-unavailable",
 			req:   func(f *fixture) call { return get("/v1/usage-events/"+f.logID, alice(f)) },
 			check: retryAfter},
@@ -1022,6 +1114,11 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 // for alice; it returns once that request holds its key and waits for
 // the lock. The wait is on a database condition, not on time.
 func startInflight(key, body string) func(t *testing.T, f *fixture) {
+	return startInflightCall(func(f *fixture) call { return post(f.alice.APIKey, key, body) })
+}
+
+// startInflightCall is startInflight for any ingest request.
+func startInflightCall(req func(f *fixture) call) func(t *testing.T, f *fixture) {
 	return func(t *testing.T, f *fixture) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -1034,7 +1131,7 @@ func startInflight(key, body string) func(t *testing.T, f *fixture) {
 			t.Fatal(err)
 		}
 		f.lockTx = tx
-		f.inflightCall = post(f.alice.APIKey, key, body)
+		f.inflightCall = req(f)
 		go func() {
 			r, err := f.send(context.Background(), f.inflightCall)
 			f.inflight <- inflight{res: r, err: err}

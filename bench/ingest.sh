@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Ingest benchmark: POST /v1/usage-events over real HTTP at 8 and 32
-# clients, and in the same run the same SQL transaction through pgbench;
-# prints events/s, p50, p99 and the ratio to pgbench.
+# Ingest benchmark, each figure a ratio to a reference measured in the same
+# run on the same server: the least PostgreSQL work for the same events
+# (bench/reference.sql, bench/ref_single.pgbench, bench/ref_batch.pgbench)
+# through pgbench.
+#   single: POST /v1/usage-events over real HTTP, 32 clients, ONE tenant
+#           (no allowance), vs ref_single.pgbench at 32 clients;
+#   batch:  POST /v1/usage-events/batch, 1,000 events a request, 8 clients,
+#           100 tenants, vs ref_batch.pgbench at 8 clients (x 1,000 events).
+# Then the drain and status benchmarks (INGEST_ONLY=1 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-15}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=overage_bench
-BENCH_URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/$BENCH_DB').geturl())" "$PGHOST_URL")
+db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
+BENCH_URL=$(db_url $BENCH_DB)
+REF_URL=$(db_url ${BENCH_DB}_ref)
 ADDR=127.0.0.1:18080
 
-psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "CREATE DATABASE $BENCH_DB"
-./bin/overage migrate --database-url "$BENCH_URL" >/dev/null
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "CREATE DATABASE $BENCH_DB" \
+  -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_ref"
+./bin/overage migrate --database-url "$BENCH_URL" >/dev/null 2>&1
 psql -q "$BENCH_URL" -f bench/setup.sql
+psql -q "$REF_URL" -f bench/reference.sql
 go build -o bin/ingestload ./bench/ingestload
 
 LOG_LEVEL=warn DATABASE_URL="$BENCH_URL" LISTEN_ADDR=$ADDR ./bin/overage serve &
@@ -20,24 +30,45 @@ SERVE=$!
 trap 'kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do curl -fs "http://$ADDR/readyz" >/dev/null && break; sleep 0.1; done
 
-printf '%-8s %-10s %12s %9s %9s %14s %8s\n' clients driver events/s p50_ms p99_ms pgbench_tps ratio
-for c in 8 32; do
-  http=$(./bin/ingestload -url "http://$ADDR" -clients $c -duration ${DURATION}s)
-  pgb=$(pgbench -n -c $c -j 2 -T $DURATION -f bench/ingest.pgbench "$BENCH_URL" 2>&1)
-  tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$pgb" | tail -1)
-  pglat=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' <<<"$pgb")
-  python3 - "$http" "$tps" "$pglat" "$c" <<'PY'
+# run NAME CLIENTS EVENTS_PER_TX PGBENCH_SCRIPT INGESTLOAD_FLAGS...
+# The machine is shared and its load drifts, so the two sides alternate
+# A B B A, each half of DURATION twice: a linear drift cancels out of the
+# ratio. Latencies are the mean of the two HTTP halves.
+run() {
+  local name=$1 c=$2 per=$3 script=$4; shift 4
+  local half=$(( (DURATION + 1) / 2 )) h1 h2 p1 p2
+  # ingestload exits 1 when a request was not answered 202; its JSON still
+  # counts only the 202s, and the errors are printed below.
+  http_half() { ./bin/ingestload -url "http://$ADDR" -clients "$c" -duration "${half}s" "$@" || true; }
+  ref_half() { pgbench -n -c "$c" -j 2 -T "$half" -f "$script" "$REF_URL" 2>&1 | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | tail -1; }
+  h1=$(http_half "$@"); p1=$(ref_half); p2=$(ref_half); h2=$(http_half "$@")
+  python3 - "$name" "$c" "$h1" "$h2" "$p1" "$p2" "$per" <<'PY'
 import json, sys
-h = json.loads(sys.argv[1]); tps = float(sys.argv[2]); pglat = sys.argv[3]; c = sys.argv[4]
-print(f"{c:<8} {'http':<10} {h['events_per_s']:12.0f} {h['p50_ms']:9.2f} {h['p99_ms']:9.2f} {tps:14.0f} {h['events_per_s']/tps:8.2f}")
-print(f"{c:<8} {'pgbench':<10} {tps:12.0f} {'avg '+pglat:>19}")
+name, c = sys.argv[1], sys.argv[2]
+h1, h2 = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+tps = (float(sys.argv[5]) + float(sys.argv[6])) / 2
+per = int(sys.argv[7])
+ev = (h1['events_per_s'] + h2['events_per_s']) / 2
+p50 = (h1['p50_ms'] + h2['p50_ms']) / 2
+p99 = (h1['p99_ms'] + h2['p99_ms']) / 2
+ref = tps * per
+print(f"{name:<8} {c:>7} {ev:12.0f} {p50:9.2f} {p99:9.2f} {ref:14.0f} {ev/ref:7.2f}")
+for h in (h1, h2):
+    if h['errors']:
+        print(f"  ({name}: {h['errors']} requests not answered 202: {h['statuses']})")
 PY
-done
+}
+printf '%-8s %7s %12s %9s %9s %14s %7s\n' load clients events/s p50_ms p99_ms ref_events/s ratio
+run single 32 1 bench/ref_single.pgbench -tenants 1
+run batch 8 1000 bench/ref_batch.pgbench -tenants 100 -batch 1000
+kill $SERVE; wait $SERVE 2>/dev/null || true
+trap - EXIT
+[ -n "${INGEST_ONLY:-}" ] && exit 0
 
 # Drain: 50,000 pending logs, one `overage work` process, the emulator with
 # 5 ms latency and the rate limit above Stripe's 1,000/s.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
-DRAIN_URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/${BENCH_DB}_drain').geturl())" "$PGHOST_URL")
+DRAIN_URL=$(db_url ${BENCH_DB}_drain)
 ./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
 go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-50000}"
 # The same with 10 of the 200 customers hanging: everyone else must still
@@ -49,6 +80,6 @@ go run ./bench/drain -database-url "$DRAIN_URL" -logs 20000 -hang 10
 # Status: GET /v1/billing/status over real HTTP on 10 million usage logs
 # across 1,000 tenants, seeded with COPY (STATUS_LOGS shrinks it).
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_status WITH (FORCE)"
-STATUS_URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/${BENCH_DB}_status').geturl())" "$PGHOST_URL")
+STATUS_URL=$(db_url ${BENCH_DB}_status)
 go run ./bench/status -database-url "$STATUS_URL" -create -logs "${STATUS_LOGS:-10000000}"
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_status WITH (FORCE)"

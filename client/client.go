@@ -189,21 +189,109 @@ func (c *Client) Record(ctx context.Context, ev UsageEvent, opts *RecordOpts) (*
 		return nil, fmt.Errorf("overage: encode event: %w", err)
 	}
 
+	res := &Result{}
+	attempts, replayed, err := c.send(ctx, "/v1/usage-events", key, body, func(rb []byte) error {
+		return json.Unmarshal(rb, &res.Log)
+	})
+	if err != nil {
+		return nil, err
+	}
+	res.Duplicate = res.Log.Duplicate
+	res.Replayed, res.Key, res.Attempts = replayed, key, attempts
+	return res, nil
+}
+
+// BatchEvent is one event's answer in a batch: its usage log, new or — when
+// Duplicate is set — the one an earlier request recorded with its
+// request_id. Index is its position in the batch sent.
+type BatchEvent struct {
+	Index int `json:"index"`
+	UsageLog
+}
+
+// BatchResult is the outcome of RecordBatch.
+type BatchResult struct {
+	// Events in the order sent.
+	Events []BatchEvent `json:"events"`
+	// Created events were recorded by this batch; Duplicates were already
+	// recorded by an earlier request (nothing new is billed for them).
+	Created    int `json:"created"`
+	Duplicates int `json:"duplicates"`
+	// Replayed: the server answered with the stored outcome of an earlier
+	// attempt under the same key.
+	Replayed bool `json:"-"`
+	// Key is the Idempotency-Key used; Attempts how many requests it took.
+	Key      string `json:"-"`
+	Attempts int    `json:"-"`
+}
+
+// MaxBatchEvents is the most events one RecordBatch call may send.
+const MaxBatchEvents = 1000
+
+// RecordBatch sends up to MaxBatchEvents events in one request, recorded in
+// one transaction, with the retries of Record: one key for the batch (the
+// caller's, else a random UUID minted before the first attempt), the same
+// body on every attempt. Every event needs a RequestID, unique in the
+// batch: it is what makes a batch split or regrouped under a new key —
+// after the attempts ran out, say — safe to send again, since the server
+// answers an already recorded request_id with its log and bills nothing
+// twice.
+func (c *Client) RecordBatch(ctx context.Context, events []UsageEvent, opts *RecordOpts) (*BatchResult, error) {
+	if len(events) == 0 || len(events) > MaxBatchEvents {
+		return nil, fmt.Errorf("overage: a batch holds 1 to %d events, got %d", MaxBatchEvents, len(events))
+	}
+	key := ""
+	if opts != nil {
+		key = opts.IdempotencyKey
+	}
+	if key == "" {
+		key = newUUID()
+	}
+	batch := struct {
+		Events []UsageEvent `json:"events"`
+	}{Events: make([]UsageEvent, len(events))}
+	now := time.Now().UTC()
+	for i, ev := range events {
+		if ev.RequestID == "" {
+			return nil, fmt.Errorf("overage: batch event %d has no RequestID; every batched event needs one", i)
+		}
+		if ev.Timestamp.IsZero() {
+			ev.Timestamp = now
+		}
+		batch.Events[i] = ev
+	}
+	body, err := json.Marshal(batch)
+	if err != nil {
+		return nil, fmt.Errorf("overage: encode batch: %w", err)
+	}
+	res := &BatchResult{}
+	attempts, replayed, err := c.send(ctx, "/v1/usage-events/batch", key, body, func(rb []byte) error {
+		return json.Unmarshal(rb, res)
+	})
+	if err != nil {
+		return nil, err
+	}
+	res.Replayed, res.Key, res.Attempts = replayed, key, attempts
+	return res, nil
+}
+
+// send posts body under key to path until it is answered 200 or 202
+// (decoded by decode), refused, the attempts run out or ctx ends.
+func (c *Client) send(ctx context.Context, path, key string, body []byte, decode func([]byte) error) (int, bool, error) {
 	var last *Error
 	for attempt := 1; ; attempt++ {
-		res, retryAfter, err := c.attempt(ctx, key, body)
+		replayed, retryAfter, err := c.attempt(ctx, path, key, body, decode)
 		if err == nil {
-			res.Key, res.Attempts = key, attempt
-			return res, nil
+			return attempt, replayed, nil
 		}
 		var apiErr *Error
 		if !errors.As(err, &apiErr) {
-			return nil, err
+			return 0, false, err
 		}
 		apiErr.Attempts = attempt
 		last = apiErr
 		if !retryable(apiErr) || attempt >= c.cfg.MaxAttempts {
-			return nil, last
+			return 0, false, last
 		}
 		wait := c.backoff(attempt)
 		if retryAfter > 0 {
@@ -211,16 +299,16 @@ func (c *Client) Record(ctx context.Context, ev UsageEvent, opts *RecordOpts) (*
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("overage: %w (after %d attempts; last: %v)", ctx.Err(), attempt, last)
+			return 0, false, fmt.Errorf("overage: %w (after %d attempts; last: %v)", ctx.Err(), attempt, last)
 		case <-time.After(wait):
 		}
 	}
 }
 
-func (c *Client) attempt(ctx context.Context, key string, body []byte) (*Result, time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.BaseURL+"/v1/usage-events", bytes.NewReader(body))
+func (c *Client) attempt(ctx context.Context, path, key string, body []byte, decode func([]byte) error) (bool, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.BaseURL+path, bytes.NewReader(body))
 	if err != nil {
-		return nil, 0, fmt.Errorf("overage: build request: %w", err)
+		return false, 0, fmt.Errorf("overage: build request: %w", err)
 	}
 	req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
 	req.Header.Set("Idempotency-Key", key)
@@ -228,22 +316,21 @@ func (c *Client) attempt(ctx context.Context, key string, body []byte) (*Result,
 	res, err := c.cfg.HTTPClient.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, 0, fmt.Errorf("overage: %w", ctx.Err())
+			return false, 0, fmt.Errorf("overage: %w", ctx.Err())
 		}
-		return nil, 0, &Error{Err: err}
+		return false, 0, &Error{Err: err}
 	}
 	defer res.Body.Close()
-	rb, err := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	// A batch answer of 1,000 logs is about 600 KB.
+	rb, err := io.ReadAll(io.LimitReader(res.Body, 16<<20))
 	if err != nil {
-		return nil, 0, &Error{Err: fmt.Errorf("read response: %w", err)}
+		return false, 0, &Error{Err: fmt.Errorf("read response: %w", err)}
 	}
 	if res.StatusCode == http.StatusOK || res.StatusCode == http.StatusAccepted {
-		out := &Result{Replayed: res.Header.Get("Idempotent-Replayed") == "true"}
-		if err := json.Unmarshal(rb, &out.Log); err != nil {
-			return nil, 0, &Error{Status: res.StatusCode, Err: fmt.Errorf("decode usage log: %w", err)}
+		if err := decode(rb); err != nil {
+			return false, 0, &Error{Status: res.StatusCode, Err: fmt.Errorf("decode answer: %w", err)}
 		}
-		out.Duplicate = out.Log.Duplicate
-		return out, 0, nil
+		return res.Header.Get("Idempotent-Replayed") == "true", 0, nil
 	}
 	e := &Error{Status: res.StatusCode, Title: http.StatusText(res.StatusCode)}
 	var p struct {
@@ -258,7 +345,7 @@ func (c *Client) attempt(ctx context.Context, key string, body []byte) (*Result,
 			e.Title = p.Title
 		}
 	}
-	return nil, retryAfter(res.Header.Get("Retry-After")), e
+	return false, retryAfter(res.Header.Get("Retry-After")), e
 }
 
 // retryable says whether the same request may succeed later.

@@ -182,3 +182,91 @@ func TestAttemptsAreBoundedAndContextHonoured(t *testing.T) {
 		t.Fatalf("err = %v after %s, want the context's deadline promptly", err, time.Since(start))
 	}
 }
+
+func batchOf(ids ...string) []client.UsageEvent {
+	out := make([]client.UsageEvent, len(ids))
+	for i, id := range ids {
+		out[i] = client.UsageEvent{RequestID: id, UserID: "u", ModelID: "gpt-4o", InputTokens: int64(100 + i), OutputTokens: 10}
+	}
+	return out
+}
+
+func TestRecordBatchLostAnswerIsReplayedAndRecordedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, fp := newFaultProxy(t, b.srv.URL, flakyproxy.DropAfterCommit)
+	res, err := b.client(t, proxy.URL).RecordBatch(context.Background(), batchOf("a", "b", "c"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Replayed || res.Attempts != 2 || res.Created != 3 || res.Duplicates != 0 || len(res.Events) != 3 {
+		t.Fatalf("result %+v, want the stored answer of 3 new events replayed on attempt 2", res)
+	}
+	for i, e := range res.Events {
+		if e.Index != i || e.Duplicate || e.RequestID == nil || *e.RequestID != []string{"a", "b", "c"}[i] || e.BillingStatus != "pending" {
+			t.Fatalf("event %d = %+v", i, e)
+		}
+	}
+	requireSameRequest(t, fp.Seen(), 2)
+	if n := b.logs(t); n != 3 {
+		t.Fatalf("%d usage logs, want 3", n)
+	}
+}
+
+// A client that gave up on a batch (its answer lost every time) and sends
+// its events again regrouped under a new key bills nothing twice: the
+// events already recorded come back as duplicates of their first log.
+func TestRecordBatchRegroupedUnderANewKeyBillsNothingTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, _ := newFaultProxy(t, b.srv.URL, flakyproxy.DropAfterCommit, flakyproxy.DropAfterCommit, flakyproxy.DropAfterCommit,
+		flakyproxy.DropAfterCommit, flakyproxy.DropAfterCommit)
+	first := batchOf("a", "b", "c")
+	_, err := b.client(t, proxy.URL).RecordBatch(context.Background(), first, nil)
+	var apiErr *client.Error
+	if !errors.As(err, &apiErr) || apiErr.Err == nil {
+		t.Fatalf("err = %v, want no answer after the attempts", err)
+	}
+	regrouped := append(batchOf("d"), first[1], first[2])
+	res, err := b.client(t, b.srv.URL).RecordBatch(context.Background(), regrouped, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Created != 1 || res.Duplicates != 2 || res.Events[0].Duplicate || !res.Events[1].Duplicate || !res.Events[2].Duplicate {
+		t.Fatalf("result %+v, want d new and b, c duplicates", res)
+	}
+	if n := b.logs(t); n != 4 {
+		t.Fatalf("%d usage logs, want 4 (a, b, c, d once each)", n)
+	}
+	var billed int64
+	if err := b.srv.Pool.QueryRow(context.Background(), "SELECT sum(overage_input_tokens) FROM usage_logs").Scan(&billed); err != nil {
+		t.Fatal(err)
+	}
+	if billed != 100+101+102+100 {
+		t.Fatalf("overage = %d, want each event's tokens once (403)", billed)
+	}
+}
+
+func TestRecordBatchRefusesWithoutRetryingAndChecksItsInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	proxy, fp := newFaultProxy(t, b.srv.URL)
+	c := b.client(t, proxy.URL)
+	bad := batchOf("a", "b")
+	bad[1].InputTokens, bad[1].OutputTokens = 0, 0
+	_, err := c.RecordBatch(context.Background(), bad, nil)
+	var apiErr *client.Error
+	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusUnprocessableEntity || apiErr.Attempts != 1 ||
+		len(apiErr.Fields) != 1 || apiErr.Fields[0].Field != "events[1].input_tokens" {
+		t.Fatalf("invalid batch: %v (%+v)", err, apiErr)
+	}
+	if _, err := c.RecordBatch(context.Background(), batchOf("a", ""), nil); err == nil {
+		t.Fatal("a batched event without RequestID was sent")
+	}
+	if _, err := c.RecordBatch(context.Background(), nil, nil); err == nil {
+		t.Fatal("an empty batch was sent")
+	}
+	if n := len(fp.Seen()); n != 1 {
+		t.Fatalf("%d requests, want 1", n)
+	}
+}

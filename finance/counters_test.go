@@ -335,8 +335,9 @@ func TestMigrationBackfillsExistingLogsAndBlocksWritesMeanwhile(t *testing.T) {
 	ctx := context.Background()
 	alice := e.Tenant(t, "alice", 0, 0)
 	bob := e.Tenant(t, "bob", 0, 0)
-	// Back to the schema before 0002: no counters, no triggers.
-	exec(t, e.Pool, `DROP FUNCTION billing_counters_track, billing_counters_truncate CASCADE`)
+	// Back to the schema before 0002: no counters, no triggers (0007's
+	// per-statement insert trigger included).
+	exec(t, e.Pool, `DROP FUNCTION billing_counters_track, billing_counters_truncate, billing_counters_insert_rows CASCADE`)
 	exec(t, e.Pool, `DROP TABLE billing_counters`)
 	a := record(t, e.Server, alice, 10, 10)
 	record(t, e.Server, alice, 20, 0)

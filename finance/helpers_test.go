@@ -189,14 +189,19 @@ func requireExact(t testing.TB, db *pgxpool.Pool) *finance.Report {
 	// Every counter row is exact too, none left over with a stale value.
 	var diff int
 	if err := db.QueryRow(context.Background(), `
+		WITH b AS (
+			SELECT tenant_id, billing_status, sum(usage_logs)::bigint AS usage_logs,
+				sum(overage_input_tokens)::bigint AS overage_input_tokens, sum(overage_output_tokens)::bigint AS overage_output_tokens
+			FROM billing_counters GROUP BY 1, 2
+		)
 		SELECT count(*) FROM (
-			(SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM billing_counters WHERE usage_logs <> 0
+			(SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM b WHERE usage_logs <> 0
 			 EXCEPT SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens) FROM usage_logs GROUP BY 1, 2)
 			UNION ALL
 			(SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens) FROM usage_logs GROUP BY 1, 2
-			 EXCEPT SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM billing_counters)
+			 EXCEPT SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM b)
 			UNION ALL
-			(SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM billing_counters
+			(SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM b
 			 WHERE usage_logs = 0 AND (overage_input_tokens <> 0 OR overage_output_tokens <> 0))
 		) d`).Scan(&diff); err != nil {
 		t.Fatal(err)

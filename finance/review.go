@@ -38,15 +38,19 @@ func NeedsReview(ctx context.Context, db DB, tenantID *uuid.UUID, limit int) ([]
 	rows, err := db.Query(ctx, `
 		SELECT u.id, t.id, t.name, t.stripe_customer_id, u.created_at, u.first_attempt_at,
 			u.overage_input_tokens, u.overage_output_tokens, coalesce(u.billing_message, '')
-		FROM billing_counters c
+		FROM (
+			-- Counters are spread over slots: a tenant has such logs when
+			-- its slots sum above zero (one slot alone may be negative).
+			SELECT tenant_id FROM billing_counters
+			WHERE billing_status = 'needs_review' AND ($1::uuid IS NULL OR tenant_id = $1::uuid)
+			GROUP BY tenant_id HAVING sum(usage_logs) > 0
+		) c
 		JOIN tenants t ON t.id = c.tenant_id
 		CROSS JOIN LATERAL (
 			SELECT * FROM usage_logs u
 			WHERE u.tenant_id = c.tenant_id AND u.billing_status = 'needs_review'
 			ORDER BY u.created_at, u.id LIMIT $2
 		) u
-		WHERE c.billing_status = 'needs_review' AND c.usage_logs > 0
-			AND ($1::uuid IS NULL OR c.tenant_id = $1::uuid)
 		ORDER BY t.name, t.id, u.created_at, u.id
 		LIMIT $2`, tenantID, limit)
 	if err != nil {

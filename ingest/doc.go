@@ -1,7 +1,9 @@
-// Package ingest records LLM token usage: the POST /v1/usage-events and
-// GET /v1/usage-events/{id} endpoints, request validation, the idempotency
-// contract, the exact overage split, and the one transaction that writes
-// the usage log, its River report job and the stored response together.
+// Package ingest records LLM token usage: the POST /v1/usage-events,
+// POST /v1/usage-events/batch and GET /v1/usage-events/{id} endpoints,
+// request validation, the idempotency contract, the exact overage split,
+// and the one transaction that writes the usage logs, their report jobs
+// and the stored response together. A batch is the same transaction with
+// up to 1,000 events in it.
 //
 // # Idempotency design
 //
@@ -16,10 +18,39 @@
 //  2. Read the committed record for (tenant, key). A live one is replayed
 //     byte for byte, or refused as key reuse when the fingerprint differs.
 //     An expired one is deleted: the key starts a new request.
-//  3. A request_id the tenant already recorded under another key answers
-//     200 with that log and "duplicate": true; nothing new is billed.
-//  4. Otherwise the allowance counter, the usage log, the River job and the
-//     stored response (idempotency_keys) are written, then committed.
+//  3. An event whose request_id the tenant already recorded answers with
+//     that log and "duplicate": true (a single event: 200); nothing new is
+//     billed.
+//  4. Otherwise the allowance totals, the usage logs, the report jobs
+//     (outbox.InsertReportsTx, once per transaction) and the stored
+//     response are written, then committed.
+//
+// Steps 1 to 3 and BEGIN travel in one pipeline, the writes and COMMIT in
+// another, so a new event costs three round trips: the reads, River's job
+// insert, the writes (four while the tenant's allowance is not used up;
+// see below).
+//
+// # The overage split without a per-tenant bottleneck
+//
+// An event's overage is the part of it above the allowance given the
+// tenant's running total for its period: max(0, after - allowance) -
+// max(0, before - allowance) per dimension, which splits an event that
+// crosses the allowance exactly. That needs the events of a period in an
+// order only while the total is below the allowance. The transaction
+// reads the period's committed total; if it had reached the allowance in
+// both dimensions (always, for a tenant without allowance), totals only
+// grow, so the event's overage is all its tokens in any order: no lock.
+// Otherwise it takes an advisory lock on (tenant, period) and reads the
+// total again in a statement that starts after the lock is granted, so
+// such events are ordered and each sees every earlier one. An unordered
+// transaction still in flight cannot be missed: it saw a committed total
+// at or above the allowance, which the later read sees too.
+//
+// The totals (allowance_usage) and the finance counters (billing_counters)
+// are spread over slot rows summed on read, and each transaction of a
+// process writes a slot no other holds (slots.go), so events of one tenant
+// do not wait for each other's commit. migrations/0007_ingest_slots.sql
+// gives the lock order that keeps this free of deadlocks.
 //
 // Why this design and not a committed IN_PROGRESS claim (design "a"): it
 // commits once per event instead of twice, and no claim can outlive a

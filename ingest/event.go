@@ -43,36 +43,17 @@ var knownFields = map[string]bool{
 // parseEvent decodes and validates a body, reporting every problem at once.
 // Syntax errors are EMALFORMED (400); rule violations are EINVALID (422).
 func parseEvent(body []byte, now time.Time) (*Event, error) {
-	var raw map[string]json.RawMessage
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&raw); err != nil || raw == nil {
-		msg := "the body must be a JSON object"
-		if err != nil {
-			msg = fmt.Sprintf("the body is not valid JSON: %v", err)
-		}
-		return nil, malformed("body", msg)
+	raw, err := decodeObject(body, "the body must be a JSON object")
+	if err != nil {
+		return nil, err
 	}
-	if dec.More() {
-		return nil, malformed("body", "unexpected data after the JSON object")
+	if err := refuseUnknown(raw, func(k string) bool { return knownFields[k] }); err != nil {
+		return nil, err
 	}
 
 	var fields []overage.FieldError
 	bad := func(field, format string, args ...any) {
 		fields = append(fields, overage.FieldError{Field: field, Detail: fmt.Sprintf(format, args...)})
-	}
-	var unknown []string
-	for k := range raw {
-		if !knownFields[k] {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		e := overage.Errorf(overage.EMALFORMED, "malformed-request", "unknown field(s): %s", strings.Join(unknown, ", "))
-		for _, k := range unknown {
-			e.Fields = append(e.Fields, overage.FieldError{Field: k, Detail: "unknown field"})
-		}
-		return nil, e
 	}
 
 	ev := &Event{}
@@ -141,7 +122,9 @@ func parseEvent(body []byte, now time.Time) (*Event, error) {
 		bad("input_tokens", "input_tokens and output_tokens are both zero: nothing to record")
 	}
 
-	ev.Timestamp = now.UTC()
+	// Microseconds, what PostgreSQL stores: the answer, rendered before the
+	// insert, shows the instant a later read returns.
+	ev.Timestamp = now.UTC().Truncate(time.Microsecond)
 	if s := text(fieldTimestamp, false); s != nil {
 		ts, err := time.Parse(time.RFC3339Nano, *s)
 		switch {
@@ -170,6 +153,43 @@ func parseEvent(body []byte, now time.Time) (*Event, error) {
 		return nil, overage.Invalid(fields, "the usage event is invalid: %s", describe(fields))
 	}
 	return ev, nil
+}
+
+// decodeObject decodes a body that must be one JSON object; notObject is
+// the complaint when it is valid JSON of another kind.
+func decodeObject(body []byte, notObject string) (map[string]json.RawMessage, error) {
+	var raw map[string]json.RawMessage
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&raw); err != nil || raw == nil {
+		msg := notObject
+		if err != nil {
+			msg = fmt.Sprintf("the body is not valid JSON: %v", err)
+		}
+		return nil, malformed("body", msg)
+	}
+	if dec.More() {
+		return nil, malformed("body", "unexpected data after the JSON object")
+	}
+	return raw, nil
+}
+
+// refuseUnknown names every field of raw that known does not accept.
+func refuseUnknown(raw map[string]json.RawMessage, known func(string) bool) error {
+	var unknown []string
+	for k := range raw {
+		if !known(k) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	sort.Strings(unknown)
+	e := overage.Errorf(overage.EMALFORMED, "malformed-request", "unknown field(s): %s", strings.Join(unknown, ", "))
+	for _, k := range unknown {
+		e.Fields = append(e.Fields, overage.FieldError{Field: k, Detail: "unknown field"})
+	}
+	return e
 }
 
 func describe(fields []overage.FieldError) string {

@@ -2,5 +2,6 @@ package ingest
 
 import "context"
 
-// SetAfterLogInsert injects a failure point inside the ingest transaction.
-func SetAfterLogInsert(s *Service, f func(ctx context.Context) error) { s.afterLogInsert = f }
+// SetBeforeWrites injects a failure (or a pause) point inside the ingest
+// transaction, after its reads and report jobs, before its writes.
+func SetBeforeWrites(s *Service, f func(ctx context.Context) error) { s.beforeWrites = f }

@@ -65,12 +65,21 @@ func NewHandler(cfg HandlerConfig) *Handler {
 // Routes mounts the endpoints on r.
 func (h *Handler) Routes(r chi.Router) {
 	r.Post("/v1/usage-events", h.create)
+	r.Post("/v1/usage-events/batch", h.createBatch)
 	r.Get("/v1/usage-events/{id}", h.get)
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
+	h.serve(w, r, h.record)
+}
+
+func (h *Handler) createBatch(w http.ResponseWriter, r *http.Request) {
+	h.serve(w, r, h.recordBatch)
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, record func(r *http.Request) (*Outcome, error)) {
 	start := time.Now()
-	out, err := h.record(r)
+	out, err := record(r)
 	if h.observer != nil {
 		defer func() { h.observer.ObserveIngest(outcomeOf(out, err), time.Since(start)) }()
 	}
@@ -88,7 +97,52 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 // record runs the checks in the contract's order: authenticate, validate,
 // fingerprint, then the key. Nothing is stored before the key is claimed.
 func (h *Handler) record(r *http.Request) (*Outcome, error) {
-	ctx := r.Context()
+	in, err := h.read(r, maxBodyBytes)
+	if err != nil {
+		return nil, err
+	}
+	ev, err := parseEvent(in.body, h.now())
+	if err != nil {
+		return nil, err
+	}
+	if ev.TenantID != nil && *ev.TenantID != in.tenantID {
+		return nil, overage.Errorf(overage.EFORBIDDEN, "tenant-mismatch", "tenant_id names a tenant other than the API key's")
+	}
+	fp, err := fingerprint(r.Method, r.URL.Path, in.body)
+	if err != nil {
+		return nil, malformed("body", err.Error())
+	}
+	return h.svc.Record(r.Context(), RecordParams{TenantID: in.tenantID, Key: in.key, Fingerprint: fp, Event: ev})
+}
+
+// recordBatch is record for a batch: the same order of checks, every event
+// validated before anything is claimed or stored.
+func (h *Handler) recordBatch(r *http.Request) (*Outcome, error) {
+	in, err := h.read(r, maxBatchBytes)
+	if err != nil {
+		return nil, err
+	}
+	events, err := parseBatch(in.body, h.now(), in.tenantID)
+	if err != nil {
+		return nil, err
+	}
+	fp, err := fingerprint(r.Method, r.URL.Path, in.body)
+	if err != nil {
+		return nil, malformed("body", err.Error())
+	}
+	return h.svc.RecordBatch(r.Context(), BatchParams{TenantID: in.tenantID, Key: in.key, Fingerprint: fp, Events: events})
+}
+
+// input is what every ingest request carries besides its body's meaning.
+type input struct {
+	tenantID uuid.UUID
+	key      string
+	body     []byte
+}
+
+// read authenticates the request, checks its Content-Type and
+// Idempotency-Key, and reads at most limit bytes of body.
+func (h *Handler) read(r *http.Request, limit int64) (*input, error) {
 	tenantID, err := h.tenant(r)
 	if err != nil {
 		return nil, err
@@ -102,26 +156,15 @@ func (h *Handler) record(r *http.Request) (*Outcome, error) {
 	if err != nil {
 		return nil, err
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return nil, overage.Errorf(overage.ETOOLARGE, "payload-too-large", "the body is over %d bytes", maxBodyBytes)
+			return nil, overage.Errorf(overage.ETOOLARGE, "payload-too-large", "the body is over %d bytes", limit)
 		}
 		return nil, malformed("body", "could not read the request body")
 	}
-	ev, err := parseEvent(body, h.now())
-	if err != nil {
-		return nil, err
-	}
-	if ev.TenantID != nil && *ev.TenantID != tenantID {
-		return nil, overage.Errorf(overage.EFORBIDDEN, "tenant-mismatch", "tenant_id names a tenant other than the API key's")
-	}
-	fp, err := fingerprint(r.Method, r.URL.Path, body)
-	if err != nil {
-		return nil, malformed("body", err.Error())
-	}
-	return h.svc.Record(ctx, RecordParams{TenantID: tenantID, Key: key, Fingerprint: fp, Event: ev})
+	return &input{tenantID: tenantID, key: key, body: body}, nil
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) {

@@ -383,7 +383,7 @@ func TestFailureBeforeCommitLeavesNothing(t *testing.T) {
 	b := setup(t)
 	fail := true
 	var mu sync.Mutex
-	ingest.SetAfterLogInsert(b.svc, func(context.Context) error {
+	ingest.SetBeforeWrites(b.svc, func(context.Context) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if fail {

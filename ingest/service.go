@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,7 +30,17 @@ const KeyTTL = 24 * time.Hour
 // its Idempotency-Key — may live.
 const lockTimeout = 10 * time.Second
 
-const lockTimeoutSQL = `SET LOCAL idle_in_transaction_session_timeout = '10s'`
+// beginSQL bounds the transaction (as SET LOCAL would), names its slot for
+// the counter triggers (see slots.go), and tries the key's lock: one
+// statement. For a single event it also makes the transaction's prepared
+// statements use their generic plan: they take arrays, for which
+// PostgreSQL would otherwise plan every execution anew — planning cost more
+// than executing the period lookup (0.18 ms vs 0.12 ms), and single events
+// went 13% faster without it. A batch keeps plans made for its arrays
+// (generic plans measured 6% slower there).
+const beginSQL = `SELECT set_config('idle_in_transaction_session_timeout', '10s', true),
+	set_config('plan_cache_mode', $3::text, true),
+	set_config('overage.slot', $1::int::text, true), pg_try_advisory_xact_lock($2)`
 
 // retryAfterInProgress is the Retry-After of a 409 in progress: an ingest
 // transaction takes milliseconds, so one second is ample.
@@ -38,15 +50,17 @@ const retryAfterInProgress = time.Second
 type Service struct {
 	pool   *pgxpool.Pool
 	outbox *outbox.Inserter
+	slots  *slotLeases
 
-	// afterLogInsert, set only by tests, runs inside the ingest transaction
-	// after the usage log insert; an error aborts the transaction.
-	afterLogInsert func(ctx context.Context) error
+	// beforeWrites, set only by tests, runs inside the ingest transaction
+	// after its reads and report jobs, before its writes and commit; an
+	// error aborts the transaction.
+	beforeWrites func(ctx context.Context) error
 }
 
 // NewService returns a Service writing to pool and queueing with ob.
 func NewService(pool *pgxpool.Pool, ob *outbox.Inserter) *Service {
-	return &Service{pool: pool, outbox: ob}
+	return &Service{pool: pool, outbox: ob, slots: newSlotLeases()}
 }
 
 // Outcome is the response to send for a usage event.
@@ -74,14 +88,56 @@ type RecordParams struct {
 	Event       *Event
 }
 
+// BatchParams are the inputs of RecordBatch, all validated by the caller:
+// 1 to MaxBatchEvents events, each with a request_id unique in the batch.
+type BatchParams struct {
+	TenantID    uuid.UUID
+	Key         string
+	Fingerprint []byte
+	Events      []*Event
+}
+
 // Record executes a usage event under its idempotency key; see the package
 // documentation for the protocol.
 func (s *Service) Record(ctx context.Context, p RecordParams) (*Outcome, error) {
+	return s.execute(ctx, request{tenantID: p.TenantID, key: p.Key, fingerprint: p.Fingerprint, events: []*Event{p.Event}},
+		renderSingle)
+}
+
+// RecordBatch executes a batch of usage events under one idempotency key,
+// all in one transaction: every new event is recorded, every request_id
+// the tenant already recorded is answered with its log, and the whole
+// answer is stored under the key.
+func (s *Service) RecordBatch(ctx context.Context, p BatchParams) (*Outcome, error) {
+	return s.execute(ctx, request{tenantID: p.TenantID, key: p.Key, fingerprint: p.Fingerprint, events: p.Events},
+		renderBatch)
+}
+
+// request is what one ingest transaction executes.
+type request struct {
+	tenantID    uuid.UUID
+	key         string
+	fingerprint []byte
+	events      []*Event
+}
+
+// result is the usage log of one event of a request: new, or the log an
+// earlier request recorded with its request_id.
+type result struct {
+	log       *overage.UsageLog
+	duplicate bool
+}
+
+// renderer turns the results of a request, in request order, into the
+// answer that is stored and sent.
+type renderer func(results []result) (*Outcome, error)
+
+func (s *Service) execute(ctx context.Context, req request, render renderer) (*Outcome, error) {
 	const attempts = 3
 	var err error
 	for range attempts {
 		var out *Outcome
-		out, err = s.recordOnce(ctx, p)
+		out, err = s.executeOnce(ctx, req, render)
 		if err == nil {
 			return out, nil
 		}
@@ -95,181 +151,444 @@ func (s *Service) Record(ctx context.Context, p RecordParams) (*Outcome, error) 
 	return nil, dbError(err)
 }
 
-func (s *Service) recordOnce(ctx context.Context, p RecordParams) (*Outcome, error) {
+// executeOnce is one ingest transaction, in three round trips (four while
+// an allowance is not yet used up): BEGIN and the reads (key lock, stored
+// record, earlier logs of the request_ids, allowance and period totals) in
+// one pipeline; only while some allowance is left, the period lock and a
+// re-read of its total; the report jobs (River, one statement); the writes
+// (totals, usage logs, stored response) and COMMIT in one pipeline.
+func (s *Service) executeOnce(ctx context.Context, req request, render renderer) (*Outcome, error) {
 	// The key stays "in progress" exactly as long as this transaction: bound
 	// it here, and in the server too should this process stall.
 	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
-	tx, err := s.pool.Begin(ctx)
+	// Given back after the commit or rollback below, when its rows are
+	// unlocked (deferred calls run last in, first out).
+	slot := s.slots.take()
+	defer s.slots.give(slot)
+	tx, err := beginPipeTx(ctx, s.pool)
 	if err != nil {
 		return nil, fmt.Errorf("begin ingest transaction: %w", err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	defer tx.release(context.WithoutCancel(ctx))
 
-	// One round trip: the lock, then (in a fresh snapshot, taken after the
-	// lock) the committed record and any earlier log with this request_id.
-	b := &pgx.Batch{}
-	b.Queue(lockTimeoutSQL)
-	b.Queue(`SELECT pg_try_advisory_xact_lock($1)`, lockKey(p.TenantID, p.Key))
-	b.Queue(`SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
-		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, p.Key)
-	if p.Event.RequestID != nil {
-		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = $2`, p.TenantID, *p.Event.RequestID)
+	st, err := readState(ctx, tx, req, slot)
+	if err != nil {
+		return nil, err
 	}
-	br := tx.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		_ = br.Close()
-		return nil, fmt.Errorf("bound the ingest transaction: %w", err)
+	if st.found && !st.rec.expired {
+		return st.rec.replay(req.fingerprint)
 	}
-	var locked bool
-	if err := br.QueryRow().Scan(&locked); err != nil {
-		_ = br.Close()
-		return nil, fmt.Errorf("take idempotency lock: %w", err)
-	}
-	var rec storedResponse
-	found := true
-	if err := br.QueryRow().Scan(&rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expired); errors.Is(err, pgx.ErrNoRows) {
-		found = false
-	} else if err != nil {
-		_ = br.Close()
-		return nil, fmt.Errorf("read idempotency record: %w", err)
-	}
-	var dup *overage.UsageLog
-	if p.Event.RequestID != nil {
-		l, err := scanLog(br.QueryRow())
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
-			_ = br.Close()
-			return nil, fmt.Errorf("read usage log by request_id: %w", err)
-		default:
-			dup = l
-		}
-	}
-	if err := br.Close(); err != nil {
-		return nil, fmt.Errorf("ingest reads: %w", err)
-	}
-
-	if found && !rec.expired {
-		return rec.replay(p.Fingerprint)
-	}
-	if !locked {
+	if !st.locked {
 		return nil, &overage.Error{
 			Code: overage.ECONFLICT, Type: "idempotency-key-in-progress",
 			Message:    "a request with this Idempotency-Key is still being processed; retry after the Retry-After delay",
 			RetryAfter: retryAfterInProgress,
 		}
 	}
-	if found { // expired: the key starts a new request
-		if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, p.TenantID, p.Key); err != nil {
-			return nil, fmt.Errorf("delete expired idempotency record: %w", err)
-		}
-	}
 
-	out := &Outcome{}
-	if dup != nil {
-		// The business event is already recorded under another key: answer
-		// with it and bill nothing new. This outcome is deterministic, so it
-		// is stored under the new key like any other.
-		body, err := json.Marshal(logResponse{UsageLog: dup, Duplicate: true})
-		if err != nil {
-			return nil, fmt.Errorf("render duplicate: %w", err)
+	results := make([]result, len(req.events))
+	var fresh []int // indexes of the events to record
+	for i, ev := range req.events {
+		if ev.RequestID != nil {
+			if l, ok := st.earlier[*ev.RequestID]; ok {
+				results[i] = result{log: l, duplicate: true}
+				continue
+			}
 		}
-		*out = Outcome{Status: http.StatusOK, Body: body, Kind: OutcomeDuplicate, UsageLogID: dup.ID}
-	} else {
-		l, err := s.insertLog(ctx, tx, p)
-		if err != nil {
+		fresh = append(fresh, i)
+	}
+	w := &writes{}
+	if len(fresh) > 0 {
+		if err := st.order(ctx, tx, req, fresh); err != nil {
 			return nil, err
 		}
-		body, err := json.Marshal(logResponse{UsageLog: l})
-		if err != nil {
-			return nil, fmt.Errorf("render usage log: %w", err)
+		if w, err = st.newLogs(req, fresh, results); err != nil {
+			return nil, err
 		}
-		*out = Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: l.ID}
+		// Before the writes, so the counter rows the usage log insert
+		// updates stay locked only for the last pipeline and the commit.
+		if err := s.outbox.InsertReportsTx(ctx, tx, req.tenantID, w.reportIDs); err != nil {
+			return nil, err
+		}
 	}
-
-	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys
-		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
-		p.TenantID, p.Key, p.Fingerprint, out.Status, out.Body, out.UsageLogID, KeyTTL.Seconds()); err != nil {
-		return nil, fmt.Errorf("store idempotency record: %w", err)
+	out, err := render(results)
+	if err != nil {
+		return nil, err
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit ingest transaction: %w", err)
+	if s.beforeWrites != nil {
+		if err := s.beforeWrites(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := w.exec(ctx, tx, req, st, out); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
-// insertLog adds the event to the tenant's running total for its period,
-// inserts the usage log with its exact overage, and queues its report.
-func (s *Service) insertLog(ctx context.Context, tx pgx.Tx, p RecordParams) (*overage.UsageLog, error) {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return nil, fmt.Errorf("usage log id: %w", err)
-	}
-	ev := p.Event
-	period := periodStart(ev.Timestamp)
-	// The upsert's row lock serialises the tenant's concurrent events, so
-	// each sees the total including every event committed before it. The
-	// overage of a dimension is the part of this event above the allowance:
-	// max(0, total - allowance) - max(0, total - tokens - allowance), which
-	// splits an event that crosses the allowance exactly.
-	//
-	// The period is the tenant's Stripe subscription period covering the
-	// timestamp when the webhooks told us one (tenant_subscriptions), else
-	// $9, the calendar month: chosen in the same statement, no extra round
-	// trip.
-	row := tx.QueryRow(ctx, `
-		WITH period AS (
-			SELECT coalesce((
-				SELECT s.current_period_start FROM tenant_subscriptions s
-				WHERE s.tenant_id = $2 AND s.current_period_start <= $4 AND $4 < s.current_period_end
-				ORDER BY s.current_period_start DESC LIMIT 1), $9) AS start
-		), total AS (
-			INSERT INTO allowance_usage AS a (tenant_id, period_start, input_tokens, output_tokens)
-			SELECT $2, period.start, $7, $8 FROM period
-			ON CONFLICT (tenant_id, period_start) DO UPDATE
-			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
-			    output_tokens = a.output_tokens + EXCLUDED.output_tokens
-			RETURNING a.period_start, a.input_tokens, a.output_tokens
-		), over AS (
-			SELECT greatest(0, total.input_tokens - t.included_input_tokens)
-			         - greatest(0, total.input_tokens - $7 - t.included_input_tokens) AS input,
-			       greatest(0, total.output_tokens - t.included_output_tokens)
-			         - greatest(0, total.output_tokens - $8 - t.included_output_tokens) AS output,
-			       total.period_start
-			FROM total, tenants t WHERE t.id = $2
-		)
-		INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
-			period_start, overage_input_tokens, overage_output_tokens, billing_status)
-		SELECT $1, $2, $3, $4, $5, $6, $7, $8, over.period_start, over.input, over.output,
-			CASE WHEN over.input > 0 OR over.output > 0 THEN 'pending' ELSE 'not_billable' END
-		FROM over
-		RETURNING `+logColumns,
-		id, p.TenantID, ev.RequestID, ev.Timestamp, ev.UserID, ev.ModelID, ev.InputTokens, ev.OutputTokens, period)
-	l, err := scanLog(row)
-	if err != nil {
-		return nil, fmt.Errorf("insert usage log: %w", err)
-	}
-	if s.afterLogInsert != nil {
-		if err := s.afterLogInsert(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if l.BillingStatus == overage.BillingStatusPending {
-		if _, err := s.outbox.InsertReportTx(ctx, tx, l.ID); err != nil {
-			return nil, err
-		}
-	}
-	return l, nil
+// state is what an ingest transaction read before deciding.
+type state struct {
+	locked  bool
+	found   bool
+	rec     storedResponse
+	earlier map[string]*overage.UsageLog // by request_id
+	// The tenant's allowance, the transaction's now() (created_at of its
+	// logs), each event's allowance period, and each period's total.
+	allowance overage.Overage
+	now       time.Time
+	periods   []time.Time
+	totals    map[time.Time]*overage.Overage
+	// ordered holds the periods whose allowance was not used up: this
+	// transaction holds their lock and writes their slot 0.
+	ordered map[time.Time]bool
+	// slot is the transaction's leased slot for every other row it adds to.
+	slot int16
 }
 
-// periodStart is the default allowance period of a usage timestamp: its
-// calendar month in UTC. A Stripe subscription period covering the
-// timestamp, when the webhooks told us one, takes precedence (insertLog).
-func periodStart(ts time.Time) time.Time {
-	ts = ts.UTC()
-	return time.Date(ts.Year(), ts.Month(), 1, 0, 0, 0, 0, time.UTC)
+const periodsSQL = `
+	WITH ev AS (
+		SELECT e.ts, e.ord FROM unnest($2::timestamptz[]) WITH ORDINALITY AS e (ts, ord)
+	), p AS (
+		SELECT ev.ord, coalesce((
+			SELECT s.current_period_start FROM tenant_subscriptions s
+			WHERE s.tenant_id = $1 AND s.current_period_start <= ev.ts AND ev.ts < s.current_period_end
+			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', ev.ts, 'UTC')) AS start
+		FROM ev
+	), tot AS (
+		SELECT d.start, coalesce(sum(a.input_tokens), 0)::bigint AS i, coalesce(sum(a.output_tokens), 0)::bigint AS o
+		FROM (SELECT DISTINCT start FROM p) d
+		LEFT JOIN allowance_usage a ON a.tenant_id = $1 AND a.period_start = d.start
+		GROUP BY d.start
+	)
+	SELECT p.start, tot.i, tot.o, t.included_input_tokens, t.included_output_tokens, now()
+	FROM p JOIN tot ON tot.start = p.start CROSS JOIN tenants t
+	WHERE t.id = $1
+	ORDER BY p.ord`
+
+// readState takes the key's lock and reads, in one round trip and in
+// snapshots taken after the lock: the stored record, the logs already
+// recorded under the request_ids, the allowance and the period totals.
+// The period of a usage timestamp is the tenant's Stripe subscription
+// period covering it when the webhooks told us one (tenant_subscriptions),
+// else its calendar month in UTC.
+func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state, error) {
+	st := &state{slot: slot, earlier: map[string]*overage.UsageLog{}, totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}}
+	var rids []string
+	ts := make([]time.Time, len(req.events))
+	for i, ev := range req.events {
+		if ev.RequestID != nil {
+			rids = append(rids, *ev.RequestID)
+		}
+		ts[i] = ev.Timestamp
+	}
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	planMode := "auto"
+	if len(req.events) == 1 {
+		planMode = "force_generic_plan"
+	}
+	b.Queue(beginSQL, slot, lockKey(req.tenantID, req.key), planMode)
+	b.Queue(`SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
+		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
+	if len(rids) > 0 {
+		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = ANY($2)`, req.tenantID, rids)
+	}
+	b.Queue(periodsSQL, req.tenantID, ts)
+	br := tx.SendBatch(ctx, b)
+	defer func() { _ = br.Close() }()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("begin ingest transaction: %w", err)
+	}
+	if err := br.QueryRow().Scan(nil, nil, nil, &st.locked); err != nil {
+		return nil, fmt.Errorf("take idempotency lock: %w", err)
+	}
+	st.found = true
+	if err := br.QueryRow().Scan(&st.rec.fingerprint, &st.rec.status, &st.rec.body, &st.rec.usageLogID, &st.rec.expired); errors.Is(err, pgx.ErrNoRows) {
+		st.found = false
+	} else if err != nil {
+		return nil, fmt.Errorf("read idempotency record: %w", err)
+	}
+	if len(rids) > 0 {
+		rows, err := br.Query()
+		if err != nil {
+			return nil, fmt.Errorf("read usage logs by request_id: %w", err)
+		}
+		for rows.Next() {
+			l, err := scanLog(rows)
+			if err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("read usage logs by request_id: %w", err)
+			}
+			st.earlier[*l.RequestID] = l
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read usage logs by request_id: %w", err)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("read allowance periods: %w", err)
+	}
+	for rows.Next() {
+		var start time.Time
+		var tot overage.Overage
+		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
+			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read allowance periods: %w", err)
+		}
+		start, st.now = start.UTC(), st.now.UTC()
+		st.periods = append(st.periods, start)
+		st.totals[start] = &tot
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read allowance periods: %w", err)
+	}
+	if len(st.periods) != len(req.events) {
+		return nil, fmt.Errorf("read allowance periods: %d periods for %d events", len(st.periods), len(req.events))
+	}
+	return st, nil
+}
+
+// order makes the totals exact where the split needs them. A period whose
+// committed total had reached the allowance in both dimensions needs
+// nothing: totals only grow, so each new event's overage is all its
+// tokens whatever the order. Any other period of the new events is locked
+// (sorted, so two batches never wait for each other in a cycle) and its
+// total read again in a statement that starts after the lock is granted:
+// every event that charged it before committed, and one that did not take
+// the lock only ran because the total it saw — which this read sees too —
+// was already at the allowance.
+func (st *state) order(ctx context.Context, tx pgx.Tx, req request, fresh []int) error {
+	var open []time.Time
+	for _, i := range fresh {
+		p := st.periods[i]
+		tot := st.totals[p]
+		if st.ordered[p] || (tot.InputTokens >= st.allowance.InputTokens && tot.OutputTokens >= st.allowance.OutputTokens) {
+			continue
+		}
+		st.ordered[p] = true
+		open = append(open, p)
+	}
+	if len(open) == 0 {
+		return nil
+	}
+	type lock struct{ a, b int32 }
+	locks := make([]lock, len(open))
+	for i, p := range open {
+		a, b := periodLockKey(req.tenantID, p)
+		locks[i] = lock{a, b}
+	}
+	slices.SortFunc(locks, func(x, y lock) int {
+		if c := cmp.Compare(x.a, y.a); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.b, y.b)
+	})
+	b := &pgx.Batch{}
+	for _, l := range locks {
+		b.Queue(`SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, l.a, l.b)
+	}
+	b.Queue(`SELECT period_start, sum(input_tokens)::bigint, sum(output_tokens)::bigint FROM allowance_usage
+		WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY period_start`, req.tenantID, open)
+	br := tx.SendBatch(ctx, b)
+	defer func() { _ = br.Close() }()
+	for range locks {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("lock allowance period: %w", err)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("read allowance totals: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var start time.Time
+		var tot overage.Overage
+		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens); err != nil {
+			return fmt.Errorf("read allowance totals: %w", err)
+		}
+		*st.totals[start.UTC()] = tot
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read allowance totals: %w", err)
+	}
+	return nil
+}
+
+// writes are the rows an ingest transaction adds.
+type writes struct {
+	logs      []*overage.UsageLog
+	periods   []time.Time
+	reportIDs []uuid.UUID
+	// Token deltas per period, in first-seen order.
+	deltaOrder []time.Time
+	deltas     map[time.Time]*overage.Overage
+}
+
+// newLogs computes, in request order, each new event's overage from its
+// period's running total: the part of the event above the allowance,
+// max(0, after - allowance) - max(0, before - allowance) per dimension,
+// which splits an event that crosses the allowance exactly.
+func (st *state) newLogs(req request, fresh []int, results []result) (*writes, error) {
+	w := &writes{deltas: map[time.Time]*overage.Overage{}}
+	over := func(before, tokens, allowance int64) int64 {
+		return max(0, before+tokens-allowance) - max(0, before-allowance)
+	}
+	for _, i := range fresh {
+		ev := req.events[i]
+		p := st.periods[i]
+		tot := st.totals[p]
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("usage log id: %w", err)
+		}
+		l := &overage.UsageLog{
+			ID: id, TenantID: req.tenantID, RequestID: ev.RequestID, Timestamp: ev.Timestamp,
+			UserID: ev.UserID, ModelID: ev.ModelID, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens,
+			Overage: overage.Overage{
+				InputTokens:  over(tot.InputTokens, ev.InputTokens, st.allowance.InputTokens),
+				OutputTokens: over(tot.OutputTokens, ev.OutputTokens, st.allowance.OutputTokens),
+			},
+			BillingStatus: overage.BillingStatusNotBillable,
+			CreatedAt:     st.now,
+		}
+		tot.InputTokens += ev.InputTokens
+		tot.OutputTokens += ev.OutputTokens
+		if l.Overage.Billable() {
+			l.BillingStatus = overage.BillingStatusPending
+			w.reportIDs = append(w.reportIDs, id)
+		}
+		withStripeEvents(l, nil, nil)
+		results[i] = result{log: l}
+		w.logs = append(w.logs, l)
+		w.periods = append(w.periods, p)
+		d, ok := w.deltas[p]
+		if !ok {
+			d = &overage.Overage{}
+			w.deltas[p] = d
+			w.deltaOrder = append(w.deltaOrder, p)
+		}
+		d.InputTokens += ev.InputTokens
+		d.OutputTokens += ev.OutputTokens
+	}
+	return w, nil
+}
+
+// exec writes and commits, in one round trip: the expired record's
+// removal, the period totals (slot 0 of an ordered period, else the
+// transaction's slot), the usage logs (in request_id order, so two batches
+// sharing request_ids wait for each other instead of deadlocking), the
+// stored response, COMMIT.
+func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, out *Outcome) error {
+	b := &pgx.Batch{}
+	if st.found { // expired: the key starts a new request
+		b.Queue(`DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
+	}
+	if len(w.logs) > 0 {
+		n := len(w.deltaOrder)
+		starts, ordered := make([]time.Time, n), make([]bool, n)
+		ins, outs := make([]int64, n), make([]int64, n)
+		for i, p := range w.deltaOrder {
+			starts[i], ordered[i] = p, st.ordered[p]
+			ins[i], outs[i] = w.deltas[p].InputTokens, w.deltas[p].OutputTokens
+		}
+		b.Queue(`INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
+			SELECT $1, d.start, CASE WHEN d.ordered THEN 0 ELSE $6::smallint END, d.i, d.o
+			FROM unnest($2::timestamptz[], $3::bool[], $4::bigint[], $5::bigint[]) AS d (start, ordered, i, o)
+			ORDER BY 2, 3
+			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
+			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
+			    output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
+			req.tenantID, starts, ordered, ins, outs, st.slot)
+
+		m := len(w.logs)
+		ids, rids := make([]uuid.UUID, m), make([]*string, m)
+		tss, periods := make([]time.Time, m), make([]time.Time, m)
+		users, models, statuses := make([]string, m), make([]string, m), make([]string, m)
+		in, out, oin, oout := make([]int64, m), make([]int64, m), make([]int64, m), make([]int64, m)
+		for i, l := range w.logs {
+			ids[i], rids[i], tss[i], periods[i] = l.ID, l.RequestID, l.Timestamp, w.periods[i]
+			users[i], models[i], statuses[i] = l.UserID, l.ModelID, string(l.BillingStatus)
+			in[i], out[i], oin[i], oout[i] = l.InputTokens, l.OutputTokens, l.Overage.InputTokens, l.Overage.OutputTokens
+		}
+		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at)
+			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13
+			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
+				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[])
+				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status)
+			ORDER BY u.rid COLLATE "C"`,
+			req.tenantID, ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now)
+	}
+	b.Queue(`INSERT INTO idempotency_keys
+		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
+		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
+		req.tenantID, req.key, req.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds())
+	b.Queue(`COMMIT`)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("write usage logs and idempotency record, commit: %w", err)
+	}
+	tx.commitQueued()
+	return nil
+}
+
+func nullID(id uuid.UUID) *uuid.UUID {
+	if id == uuid.Nil {
+		return nil
+	}
+	return &id
+}
+
+// renderSingle answers one event: 202 with a new log, or 200 with the log
+// recorded earlier under its request_id ("duplicate": true; nothing new is
+// billed). Both are deterministic, so both are stored under the key.
+func renderSingle(results []result) (*Outcome, error) {
+	r := results[0]
+	body, err := json.Marshal(logResponse{UsageLog: r.log, Duplicate: r.duplicate})
+	if err != nil {
+		return nil, fmt.Errorf("render usage log: %w", err)
+	}
+	if r.duplicate {
+		return &Outcome{Status: http.StatusOK, Body: body, Kind: OutcomeDuplicate, UsageLogID: r.log.ID}, nil
+	}
+	return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: r.log.ID}, nil
+}
+
+// batchEvent is one element of a batch answer.
+type batchEvent struct {
+	Index     int  `json:"index"`
+	Duplicate bool `json:"duplicate"`
+	*overage.UsageLog
+}
+
+// batchResponse is the JSON of a batch answer.
+type batchResponse struct {
+	Events     []batchEvent `json:"events"`
+	Created    int          `json:"created"`
+	Duplicates int          `json:"duplicates"`
+}
+
+// renderBatch answers a batch: 202 with every event's log in request order.
+func renderBatch(results []result) (*Outcome, error) {
+	resp := batchResponse{Events: make([]batchEvent, len(results))}
+	for i, r := range results {
+		resp.Events[i] = batchEvent{Index: i, Duplicate: r.duplicate, UsageLog: r.log}
+		if r.duplicate {
+			resp.Duplicates++
+		} else {
+			resp.Created++
+		}
+	}
+	body, err := json.Marshal(resp)
+	if err != nil {
+		return nil, fmt.Errorf("render batch: %w", err)
+	}
+	return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew}, nil
 }
 
 // lockKey maps (tenant, key) to the 64-bit advisory lock id. A collision
@@ -280,6 +599,20 @@ func lockKey(tenant uuid.UUID, key string) int64 {
 	h.Write(tenant[:])
 	h.Write([]byte(key))
 	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
+}
+
+// periodLockKey maps (tenant, allowance period) to the two 32-bit keys of
+// its advisory lock: a key space apart from lockKey's 64-bit one. A
+// collision only orders two periods' events needlessly.
+func periodLockKey(tenant uuid.UUID, period time.Time) (int32, int32) {
+	h := sha256.New()
+	h.Write([]byte("allowance"))
+	h.Write(tenant[:])
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(period.UnixMicro()))
+	h.Write(b[:])
+	sum := h.Sum(nil)
+	return int32(binary.BigEndian.Uint32(sum[0:4])), int32(binary.BigEndian.Uint32(sum[4:8]))
 }
 
 type storedResponse struct {
@@ -322,6 +655,12 @@ func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	}
 	l.Timestamp = l.Timestamp.UTC()
 	l.CreatedAt = l.CreatedAt.UTC()
+	withStripeEvents(l, inAt, outAt)
+	return l, nil
+}
+
+// withStripeEvents names the meter event of each dimension with overage.
+func withStripeEvents(l *overage.UsageLog, inAt, outAt *time.Time) {
 	for _, d := range overage.Dimensions {
 		if v := l.Overage.Of(d); v > 0 {
 			at := inAt
@@ -333,7 +672,6 @@ func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 			})
 		}
 	}
-	return l, nil
 }
 
 // Get returns a usage log the caller may see: the owning tenant's, or any

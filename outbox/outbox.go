@@ -86,6 +86,38 @@ func (i *Inserter) InsertReportTx(ctx context.Context, tx pgx.Tx, usageLogID uui
 	return res, nil
 }
 
+// InsertReportsTx queues, in tx, the reporting of the usage logs one ingest
+// transaction wrote for tenantID that have overage to bill (pending; a
+// not_billable log is never reported): one for a single event, up to 1,000
+// for a batch, possibly none. The ingest calls it exactly once per
+// transaction that records logs, so how reports are shaped — today one
+// unique job per log — stays this function's business: callers must not
+// assume a job per log.
+//
+// All jobs go in one statement (River's InsertManyTx). A unique key twice
+// in one such statement aborts it (SQLSTATE 21000), so repeated ids are
+// dropped first; a live job already queued for a log is kept, not doubled.
+func (i *Inserter) InsertReportsTx(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, usageLogIDs []uuid.UUID) error {
+	if len(usageLogIDs) == 0 {
+		return nil
+	}
+	opts := ReportArgs{}.InsertOpts()
+	opts.MaxAttempts = i.maxAttempts
+	seen := make(map[uuid.UUID]bool, len(usageLogIDs))
+	params := make([]river.InsertManyParams, 0, len(usageLogIDs))
+	for _, id := range usageLogIDs {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		params = append(params, river.InsertManyParams{Args: ReportArgs{UsageLogID: id}, InsertOpts: &opts})
+	}
+	if _, err := i.client.InsertManyTx(ctx, tx, params); err != nil {
+		return fmt.Errorf("insert %d report jobs of tenant %s: %w", len(params), tenantID, err)
+	}
+	return nil
+}
+
 // SweepArgs asks a worker to requeue usage logs still unbilled after the
 // grace period and to park those past Stripe's idempotency window.
 type SweepArgs struct{}
