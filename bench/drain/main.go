@@ -123,10 +123,9 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 	if err != nil {
 		return err
 	}
-	// Jobs in arrival order, tenants interleaved as live traffic is: a
-	// backlog grouped by tenant would only measure Stripe's rule of one
-	// concurrent call per customer and meter.
-	rows, err := pool.Query(ctx, "SELECT id FROM usage_logs ORDER BY substr(user_id, 2)::int")
+	// One report job per tenant, as ingest queues them: each forms the
+	// tenant's reports of up to REPORT_BATCH_MAX logs.
+	rows, err := pool.Query(ctx, "SELECT id FROM tenants")
 	if err != nil {
 		return err
 	}
@@ -134,15 +133,8 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 	if err != nil {
 		return err
 	}
-	for i := 0; i < len(ids); i += 5000 {
-		var params []river.InsertManyParams
-		for _, id := range ids[i:min(i+5000, len(ids))] {
-			opts := outbox.ReportArgs{}.InsertOpts()
-			params = append(params, river.InsertManyParams{Args: outbox.ReportArgs{UsageLogID: id}, InsertOpts: &opts})
-		}
-		if _, err := rc.InsertMany(ctx, params); err != nil {
-			return err
-		}
-	}
-	return nil
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.NewInserter(rc, 5).InsertTenantReportsTx(ctx, tx, rc, ids)
+		return err
+	})
 }

@@ -99,7 +99,7 @@ func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, e
 		_ = ln.Close()
 		return nil, fmt.Errorf("river ui: %w", err)
 	}
-	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts))
+	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay))
 	handler := api.NewRouter(api.Config{
 		DB:     pool,
 		Logger: logger,
