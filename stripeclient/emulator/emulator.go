@@ -39,6 +39,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Faults are the injected failures. Rates are probabilities in [0, 1],
@@ -87,6 +89,12 @@ type Options struct {
 	// Meters are event names that have a meter from the start. A meter is
 	// also created for every event name seen.
 	Meters []string
+	// RateLimit is each account's limit of meter event calls per second,
+	// as Stripe's live mode enforces it: a call above it gets 429
+	// rate_limit before anything else is checked. 0 means
+	// DefaultRateLimit; negative means no limit. Bursts of a tenth of a
+	// second's worth are allowed, as a token bucket does.
+	RateLimit float64
 	// Now is the emulator's clock (default time.Now), for tests of the
 	// TTLs and timestamp bounds.
 	Now func() time.Time
@@ -94,10 +102,12 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Default TTLs, Stripe's documented windows.
+// Default TTLs, Stripe's documented windows, and Stripe's live-mode limit
+// of meter event calls per second and account.
 const (
 	DefaultKeyTTL        = 24 * time.Hour
 	DefaultIdentifierTTL = 24 * time.Hour
+	DefaultRateLimit     = 1000.0
 )
 
 // Outcomes recorded in Request.Outcome.
@@ -110,6 +120,7 @@ const (
 	OutcomeIdempotencyError    = "idempotency_error"
 	OutcomeKeyInUse            = "idempotency_key_in_use"
 	OutcomeConcurrentRateLimit = "concurrent_rate_limited"
+	OutcomeRateLimited         = "rate_limited" // above the account's calls per second
 	OutcomeFaultServerError    = "fault_500"
 	OutcomeFaultRateLimit      = "fault_429"
 	OutcomeBlackholed          = "blackholed"
@@ -166,6 +177,10 @@ type Emulator struct {
 
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	rateLimit float64
+	limitMu   sync.Mutex
+	limiters  map[string]*rate.Limiter // by account
 
 	faultMu   sync.Mutex
 	faults    Faults
@@ -232,6 +247,11 @@ func New(opts Options) *Emulator {
 		meters:        make(map[string]*meter),
 		meterIDs:      make(map[string]*meter),
 		failCustomers: make(map[string]string),
+		rateLimit:     opts.RateLimit,
+		limiters:      make(map[string]*rate.Limiter),
+	}
+	if e.rateLimit == 0 {
+		e.rateLimit = DefaultRateLimit
 	}
 	if e.keyTTL <= 0 {
 		e.keyTTL = DefaultKeyTTL
@@ -496,4 +516,20 @@ func (e *Emulator) finish(rec *Request, status int, outcome string) {
 		slog.String("method", rec.Method), slog.String("path", rec.Path),
 		slog.String("idempotency_key", rec.IdempotencyKey), slog.Int("status", status),
 		slog.String("outcome", outcome))
+}
+
+// allowCall spends one of the account's calls of this second; false means
+// the account is above its rate limit.
+func (e *Emulator) allowCall(account string) bool {
+	if e.rateLimit < 0 {
+		return true
+	}
+	e.limitMu.Lock()
+	defer e.limitMu.Unlock()
+	l, ok := e.limiters[account]
+	if !ok {
+		l = rate.NewLimiter(rate.Limit(e.rateLimit), max(1, int(e.rateLimit/10)))
+		e.limiters[account] = l
+	}
+	return l.AllowN(e.now(), 1)
 }
