@@ -156,10 +156,16 @@ func (w *ReportWorker) round(ctx context.Context, customer string, reports []usa
 	if err := w.store.Release(rctx, release); err != nil {
 		return err
 	}
-	v := decide(outs)
+	rs := make([]sendResult, len(outs))
+	for i, o := range outs {
+		rs[i] = classify(o)
+	}
+	v := decide(rs)
 	switch {
 	case v.err != nil:
 		return v.err
+	case v.jitter:
+		return river.JobSnooze(v.snooze/2 + rand.N(v.snooze+1))
 	case v.snooze > 0:
 		return river.JobSnooze(v.snooze)
 	}
@@ -227,45 +233,75 @@ func (w *ReportWorker) record(ctx context.Context, outs []outcome) error {
 	return nil
 }
 
-// verdict is what a round's outcomes mean for the job: go on, snooze
-// (without spending an attempt) or fail the attempt.
+// sendKind is what a send's outcome asks of the job.
+type sendKind int
+
+const (
+	// sendSettled: accepted, parked or failed for good; recorded already.
+	sendSettled sendKind = iota
+	// sendFailed: a real failure (network, 5xx, 409, the database): retry
+	// with backoff, spending an attempt.
+	sendFailed
+	// sendRateLimited: Stripe's 429.
+	sendRateLimited
+	// sendBusy: nothing was sent, a call for the customer's meter has hung
+	// in this process and others already wait behind it.
+	sendBusy
+)
+
+type sendResult struct {
+	kind       sendKind
+	retryAfter time.Duration
+	err        error
+}
+
+func classify(o outcome) sendResult {
+	var se *stripeclient.Error
+	switch {
+	case o.err == nil || stripeclient.IsPermanent(o.err):
+		return sendResult{kind: sendSettled}
+	case stripeclient.IsBusy(o.err) && errors.As(o.err, &se):
+		return sendResult{kind: sendBusy, retryAfter: se.RetryAfter}
+	case errors.As(o.err, &se) && se.HTTPStatus == 429:
+		return sendResult{kind: sendRateLimited, retryAfter: se.RetryAfter}
+	}
+	return sendResult{kind: sendFailed, err: fmt.Errorf("send report %s: %w", o.report.Key(), o.err)}
+}
+
+// verdict is what a round means for the job: go on (zero), fail the
+// attempt (err), or snooze without spending one (snooze; jitter asks for
+// a random spread of about half of it on either side).
 type verdict struct {
 	err    error
 	snooze time.Duration
+	jitter bool
 }
 
-// decide combines the outcomes of one round. Accepted, parked and
-// permanently failed reports are settled already. A real send failure
-// decides over a 429, and a 429 over a busy refusal (nothing was sent: a
-// call for the customer's meter has hung in this process), so a failing
-// report spends its attempts while a rate limit or a hanging customer only
-// snoozes.
-func decide(outs []outcome) verdict {
-	var v verdict
+// decide combines the outcomes of one round. A real failure decides over a
+// 429, and a 429 over a busy refusal, so a failing report spends its
+// attempts while a rate limit or a hanging customer only snoozes. A 429
+// waits at least the first backoff step.
+func decide(rs []sendResult) verdict {
 	var limited, busy time.Duration
 	var isLimited, isBusy bool
-	for _, o := range outs {
-		if o.err == nil || stripeclient.IsPermanent(o.err) {
-			continue
-		}
-		var se *stripeclient.Error
-		switch {
-		case stripeclient.IsBusy(o.err) && errors.As(o.err, &se):
-			isBusy, busy = true, max(busy, se.RetryAfter)
-		case errors.As(o.err, &se) && se.HTTPStatus == 429:
-			isLimited, limited = true, max(limited, se.RetryAfter)
-		default:
-			if v.err == nil {
-				v.err = fmt.Errorf("send report %s: %w", o.report.Key(), o.err)
-			}
+	for _, r := range rs {
+		switch r.kind {
+		case sendFailed:
+			return verdict{err: r.err}
+		case sendRateLimited:
+			isLimited, limited = true, max(limited, r.retryAfter)
+		case sendBusy:
+			isBusy, busy = true, max(busy, r.retryAfter)
 		}
 	}
 	switch {
-	case v.err != nil:
 	case isLimited:
-		v.snooze = max(limited, backoff(0))
+		return verdict{snooze: max(limited, minRateLimitWait)}
 	case isBusy:
-		v.snooze = max(busy/2+rand.N(busy+1), time.Millisecond)
+		return verdict{snooze: max(busy, time.Millisecond), jitter: true}
 	}
-	return v
+	return verdict{}
 }
+
+// minRateLimitWait is the shortest snooze after a 429.
+const minRateLimitWait = time.Second

@@ -271,30 +271,38 @@ func TestSweepSkipsTenantsWithALiveJob(t *testing.T) {
 	}
 }
 
-func TestWindowGuardParksALogAndStopsSending(t *testing.T) {
+func TestWindowGuardParksAReportsLogsAndStopsSending(t *testing.T) {
 	t.Parallel()
 	b := setup(t, emulator.Faults{BlackholeCustomers: []string{"cus_b"}})
-	id := b.Record(t, "cus_b", 10, 0)
+	ids := []uuid.UUID{b.Record(t, "cus_b", 10, 0), b.Record(t, "cus_b", 20, 0), b.Record(t, "cus_b", 30, 0)}
 	const window = 3 * time.Second
 	b.Start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Millisecond, JobTimeout: 2 * time.Second})
-	b.waitStatus(t, id, overage.BillingStatusNeedsReview, 30*time.Second)
+	for _, id := range ids {
+		b.waitStatus(t, id, overage.BillingStatusNeedsReview, 30*time.Second)
+	}
+	r := b.reportOf(t, ids[0], overage.DimensionInput)
+	if r.state != "needs_review" || len(r.members) != 3 {
+		t.Fatalf("report %+v, want the three logs parked together", r)
+	}
 	var first time.Time
-	if err := b.Pool.QueryRow(context.Background(), "SELECT first_attempt_at FROM usage_logs WHERE id = $1", id).Scan(&first); err != nil {
+	if err := b.Pool.QueryRow(context.Background(), "SELECT first_attempt_at FROM usage_reports WHERE lead_usage_log_id = $1", r.lead).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
 	// Let any straggler show itself, then check nothing went out late.
 	time.Sleep(time.Second)
-	reqs := b.requestsFor(t, id, overage.DimensionInput)
+	reqs := requestsOf(t, b, r, overage.DimensionInput)
 	if len(reqs) == 0 {
 		t.Fatal("nothing was sent at all")
 	}
-	for _, r := range reqs {
-		if r.ReceivedAt.After(first.Add(window)) {
-			t.Fatalf("a request with the key was sent at %s, after the window closed at %s", r.ReceivedAt, first.Add(window))
+	for _, q := range reqs {
+		if q.ReceivedAt.After(first.Add(window)) {
+			t.Fatalf("a request with the key was sent at %s, after the window closed at %s", q.ReceivedAt, first.Add(window))
 		}
 	}
-	if s, msg := b.status(t, id); s != overage.BillingStatusNeedsReview || !strings.Contains(msg, "idempotency window") {
-		t.Fatalf("status %s %q", s, msg)
+	for _, id := range ids {
+		if s, msg := b.status(t, id); s != overage.BillingStatusNeedsReview || !strings.Contains(msg, "idempotency window") {
+			t.Fatalf("status %s %q", s, msg)
+		}
 	}
 	if len(b.Emu.Events()) != 0 {
 		t.Fatal("a blackholed customer's event was applied")
