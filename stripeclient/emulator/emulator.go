@@ -59,6 +59,11 @@ type Faults struct {
 	// Latency is added to every meter-event request while it holds its
 	// (customer, event name) slot.
 	Latency time.Duration `json:"latency"`
+	// AnswerDelay holds the answer of an applied event this long after it
+	// was applied and saved: the window in which a client that dies has
+	// had its event applied without learning it (a kill -9 between send
+	// and commit).
+	AnswerDelay time.Duration `json:"answer_delay"`
 	// BlackholeCustomers never get an answer: the request is held until
 	// the client gives up or the emulator closes, and nothing is applied.
 	BlackholeCustomers []string `json:"blackhole_customers,omitempty"`
@@ -467,6 +472,12 @@ func (e *Emulator) drawFaults(customer string) (serverError, rateLimit, lose, bl
 	r1, r2, r3 := e.rng.Float64(), e.rng.Float64(), e.rng.Float64()
 	return r1 < e.faults.ServerErrorRate, r2 < e.faults.RateLimitRate, r3 < e.faults.LostResponseRate,
 		e.blackhole[customer], e.faults.Latency
+}
+
+func (e *Emulator) answerDelay() time.Duration {
+	e.faultMu.Lock()
+	defer e.faultMu.Unlock()
+	return e.faults.AnswerDelay
 }
 
 func (e *Emulator) newRequestID() string {

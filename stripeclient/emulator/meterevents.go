@@ -210,6 +210,9 @@ func (e *Emulator) handleMeterEvent(w http.ResponseWriter, r *http.Request, rec 
 		}
 	}
 	e.mu.Unlock()
+	if outcome == OutcomeApplied {
+		e.wait(ctx, e.answerDelay()) // applied whether or not the client waits
+	}
 
 	if outcome == OutcomeApplied && lose {
 		e.finish(rec, 0, OutcomeLostResponse)
