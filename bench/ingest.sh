@@ -34,12 +34,16 @@ print(f"{c:<8} {'pgbench':<10} {tps:12.0f} {'avg '+pglat:>19}")
 PY
 done
 
-# Drain: 50,000 pending logs, one `overage work` process, the emulator with
-# 5 ms latency and the rate limit above Stripe's 1,000/s.
+# Drain: 200,000 pending logs of 100 tenants, one `overage work` process,
+# the emulator with 5 ms latency, Stripe's 1,000 calls/s per account and one
+# call per customer and meter; then the same 200,000 logs of one customer.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
 DRAIN_URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/${BENCH_DB}_drain').geturl())" "$PGHOST_URL")
 ./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
-go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-50000}"
+go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-200000}" -tenants 100
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
+./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
+go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-200000}" -tenants 1
 # The same with 10 of the 200 customers hanging: everyone else must still
 # be billed at about the rate above.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"

@@ -118,17 +118,17 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 			return fmt.Errorf("record report membership: %w", err)
 		}
 		open := out[:0]
+		var zero [2][][]uuid.UUID
 		for _, r := range out {
 			if r.State == ReportAccepted {
-				if _, err := acceptMembers(ctx, tx, r.Dimension, r.Members); err != nil {
-					return err
-				}
+				zero[dimIndex(r.Dimension)] = append(zero[dimIndex(r.Dimension)], r.Members)
 				continue
 			}
 			open = append(open, r)
 		}
 		out = open
-		return nil
+		_, err = acceptMembers(ctx, tx, zero)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("form reports of tenant %s: %w", p.TenantID, err)

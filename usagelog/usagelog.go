@@ -209,51 +209,86 @@ func (s *Store) HeldFor(ctx context.Context, tenantID uuid.UUID) (time.Duration,
 	return time.Duration(*secs * float64(time.Second)), true, nil
 }
 
-// Accept records that Stripe holds the report (or that it summed to zero),
-// and in the same transaction stamps its members' dimension accepted and
-// bills every member whose dimensions with overage are all accepted. A
-// report the sweep parked while its send was in flight is accepted too:
-// Stripe has it. It returns how many logs became billed; accepting a report
-// twice changes nothing the second time.
-func (s *Store) Accept(ctx context.Context, r Report) (int64, error) {
+// Accept records that Stripe holds the reports (or that they summed to
+// zero), and in the same transaction stamps their members' dimensions
+// accepted and bills every member whose dimensions with overage are all
+// accepted. Reports of both dimensions of the same logs are best accepted
+// together: each member is then written once. A report the sweep parked
+// while its send was in flight is accepted too: Stripe has it. It returns
+// how many member logs it wrote; accepting a report twice changes nothing
+// the second time.
+func (s *Store) Accept(ctx context.Context, reports ...Report) (int64, error) {
+	if len(reports) == 0 {
+		return 0, nil
+	}
 	var billed int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var members []uuid.UUID
-		err := tx.QueryRow(ctx, `UPDATE usage_reports SET state = 'accepted', accepted_at = now(), lease_until = NULL, message = NULL
-			WHERE lead_usage_log_id = $1 AND dimension = $2 AND state IN ('open', 'needs_review')
-			RETURNING member_ids`, r.Lead, string(r.Dimension)).Scan(&members)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+		var members [2][][]uuid.UUID
+		for _, r := range reports {
+			var m []uuid.UUID
+			err := tx.QueryRow(ctx, `UPDATE usage_reports SET state = 'accepted', accepted_at = now(), lease_until = NULL, message = NULL
+				WHERE lead_usage_log_id = $1 AND dimension = $2 AND state IN ('open', 'needs_review')
+				RETURNING member_ids`, r.Lead, string(r.Dimension)).Scan(&m)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("accept report %s: %w", r.Key(), err)
+			}
+			members[dimIndex(r.Dimension)] = append(members[dimIndex(r.Dimension)], m)
 		}
-		if err != nil {
-			return err
-		}
-		billed, err = acceptMembers(ctx, tx, r.Dimension, members)
+		var err error
+		billed, err = acceptMembers(ctx, tx, members)
 		return err
 	})
 	if err != nil {
-		return 0, fmt.Errorf("accept report %s: %w", r.Key(), err)
+		return 0, err
 	}
 	return billed, nil
 }
 
-// acceptMembers stamps dimension d of the members accepted and bills those
-// now complete. Logs under review go first, then pending ones, so the
-// counter rows are taken as (billed, needs_review) then (billed, pending):
-// sorted across the transaction.
-func acceptMembers(ctx context.Context, tx pgx.Tx, d overage.Dimension, members []uuid.UUID) (int64, error) {
-	other := overage.DimensionOutput
-	if d == overage.DimensionOutput {
-		other = overage.DimensionInput
+// acceptMembers stamps the accepted dimensions of the members (per
+// dimension, the member lists of its accepted reports) and bills those now
+// complete, one write per log. Logs under review go first, then pending
+// ones, so the counter rows are taken as (billed, needs_review) then
+// (billed, pending): sorted across the transaction.
+func acceptMembers(ctx context.Context, tx pgx.Tx, members [2][][]uuid.UUID) (int64, error) {
+	flags := map[uuid.UUID]*[2]bool{}
+	var ids []uuid.UUID
+	for d, lists := range members {
+		for _, l := range lists {
+			for _, id := range l {
+				f, ok := flags[id]
+				if !ok {
+					f = &[2]bool{}
+					flags[id] = f
+					ids = append(ids, id)
+				}
+				f[d] = true
+			}
+		}
 	}
-	done := `(overage_` + string(other) + `_tokens = 0 OR ` + string(other) + `_accepted_at IS NOT NULL)`
-	set := string(d) + `_accepted_at = coalesce(` + string(d) + `_accepted_at, now()), updated_at = now(),
-		billing_status = CASE WHEN billing_status IN ('pending', 'needs_review') AND ` + done + ` THEN 'billed' ELSE billing_status END,
-		billed_at = CASE WHEN billing_status IN ('pending', 'needs_review') AND ` + done + ` THEN now() ELSE billed_at END,
-		billing_message = CASE WHEN billing_status IN ('pending', 'needs_review') AND ` + done + ` THEN NULL ELSE billing_message END`
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	in, out := make([]bool, len(ids)), make([]bool, len(ids))
+	for i, id := range ids {
+		in[i], out[i] = flags[id][0], flags[id][1]
+	}
+	const done = `(u.overage_input_tokens = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
+		AND (u.overage_output_tokens = 0 OR u.output_accepted_at IS NOT NULL OR v.o)`
+	const complete = `u.billing_status IN ('pending', 'needs_review') AND ` + done
 	var billed int64
-	for _, where := range []string{`billing_status <> 'pending'`, `billing_status = 'pending'`} {
-		tag, err := tx.Exec(ctx, `UPDATE usage_logs SET `+set+` WHERE id = ANY($1) AND `+where, members)
+	for _, where := range []string{`u.billing_status <> 'pending'`, `u.billing_status = 'pending'`} {
+		tag, err := tx.Exec(ctx, `UPDATE usage_logs u SET
+				input_accepted_at = CASE WHEN v.i THEN coalesce(u.input_accepted_at, now()) ELSE u.input_accepted_at END,
+				output_accepted_at = CASE WHEN v.o THEN coalesce(u.output_accepted_at, now()) ELSE u.output_accepted_at END,
+				billing_status = CASE WHEN `+complete+` THEN 'billed' ELSE u.billing_status END,
+				billed_at = CASE WHEN `+complete+` THEN now() ELSE u.billed_at END,
+				billing_message = CASE WHEN `+complete+` THEN NULL ELSE u.billing_message END,
+				updated_at = now()
+			FROM unnest($1::uuid[], $2::bool[], $3::bool[]) AS v (id, i, o)
+			WHERE u.id = v.id AND `+where, ids, in, out)
 		if err != nil {
 			return 0, fmt.Errorf("bill members: %w", err)
 		}

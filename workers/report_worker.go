@@ -139,13 +139,11 @@ func (w *ReportWorker) round(ctx context.Context, customer string, reports []usa
 		}()
 	}
 	wg.Wait()
-	if err := w.record(ctx, outs); err != nil {
-		return err
-	}
+	recErr := w.record(ctx, outs)
 
 	var release []usagelog.Report
 	for _, o := range outs {
-		if o.err != nil && !stripeclient.IsPermanent(o.err) {
+		if recErr != nil || (o.err != nil && !stripeclient.IsPermanent(o.err)) {
 			release = append(release, o.report)
 		}
 	}
@@ -155,6 +153,9 @@ func (w *ReportWorker) round(ctx context.Context, customer string, reports []usa
 	defer cancel()
 	if err := w.store.Release(rctx, release); err != nil {
 		return err
+	}
+	if recErr != nil {
+		return recErr
 	}
 	rs := make([]sendResult, len(outs))
 	for i, o := range outs {
@@ -201,19 +202,18 @@ func (w *ReportWorker) sendOne(ctx context.Context, customer string, r usagelog.
 // (billing their members), then permanent failures, so a log one of whose
 // dimensions Stripe accepted and the other refused shows both.
 func (w *ReportWorker) record(ctx context.Context, outs []outcome) error {
-	for i := range outs {
-		o := &outs[i]
-		if o.err != nil || o.parked {
-			continue
+	var accepted []usagelog.Report
+	for _, o := range outs {
+		if o.err == nil && !o.parked {
+			accepted = append(accepted, o.report)
+			w.logger.DebugContext(ctx, "report accepted", "key", o.report.Key(), "members", len(o.report.Members), "value", o.report.Value,
+				"replayed", o.res.Replayed, "already_applied", o.res.AlreadyApplied, "stripe_request_id", o.res.RequestID)
 		}
-		r := o.report
-		n, err := w.store.Accept(ctx, r)
-		if err != nil {
-			o.err = err
-			continue
-		}
-		w.logger.DebugContext(ctx, "report accepted", "key", r.Key(), "members", len(r.Members), "value", r.Value, "billed", n,
-			"replayed", o.res.Replayed, "already_applied", o.res.AlreadyApplied, "stripe_request_id", o.res.RequestID)
+	}
+	// One transaction for the round's acceptances: a log in an input and
+	// an output report of the round is written once.
+	if _, err := w.store.Accept(ctx, accepted...); err != nil {
+		return err
 	}
 	for _, o := range outs {
 		var se *stripeclient.Error
