@@ -85,16 +85,19 @@ func (o Overage) Of(d Dimension) int64 {
 // Billable reports whether anything is to be sent to Stripe.
 func (o Overage) Billable() bool { return o.InputTokens > 0 || o.OutputTokens > 0 }
 
-// StripeEvent names the Stripe meter event of one dimension of a usage log.
+// StripeEvent names the Stripe meter event that carries one dimension of a
+// usage log: the identifier of its report, which may carry many logs (nil
+// until the log joins a report), and this log's part of it.
 type StripeEvent struct {
 	Dimension  Dimension  `json:"dimension"`
-	Identifier string     `json:"identifier"`
+	Identifier *string    `json:"identifier"`
 	Value      int64      `json:"value"`
 	AcceptedAt *time.Time `json:"accepted_at"`
 }
 
 // MeterEventKey is the Stripe Idempotency-Key and meter event identifier of
-// one dimension of a usage log. It is derived from the log id alone, never
+// the report of one dimension led by a usage log (a report of one log is
+// exactly that log's event). It is derived from the lead log id alone, never
 // from a job id, an attempt or a clock, so every retry, requeue and restart
 // names the same business event and Stripe can deduplicate it.
 func MeterEventKey(usageLogID uuid.UUID, d Dimension) string {

@@ -358,7 +358,7 @@ func newFixture(t *testing.T) *fixture {
 	// sweep leave them, for GET /v1/usage-events/{id}.
 	f.billedID = f.seed(t, "seed-billed", event(40, 4), `UPDATE usage_logs SET billing_status = 'billed',
 		first_attempt_at = now() - interval '2 seconds', input_accepted_at = now() - interval '1 second',
-		output_accepted_at = now(), billed_at = now() WHERE id = $1`)
+		output_accepted_at = now(), billed_at = now(), input_report_lead = id, output_report_lead = id WHERE id = $1`)
 	f.failedID = f.seed(t, "seed-failed", event(30, 0), `UPDATE usage_logs SET billing_status = 'failed',
 		first_attempt_at = now(), billing_message = 'No such customer: ''cus_alice''' WHERE id = $1`)
 	f.reviewID = f.seed(t, "seed-review", event(20, 2), `UPDATE usage_logs SET billing_status = 'needs_review',
@@ -611,7 +611,7 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 				}
 				f.logID, f.firstBody = m["id"].(string), r.body
 				evs := m["stripe_meter_events"].([]any)
-				if len(evs) != 2 || evs[0].(map[string]any)["identifier"] != "usage-log:"+f.logID+":input" || evs[1].(map[string]any)["identifier"] != "usage-log:"+f.logID+":output" {
+				if len(evs) != 2 || evs[0].(map[string]any)["identifier"] != nil || evs[1].(map[string]any)["identifier"] != nil {
 					t.Fatalf("stripe_meter_events = %v", evs)
 				}
 			}},
@@ -849,8 +849,9 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("billed log without billed_at/first_attempt_at: %s", r.body)
 				}
 				for _, e := range m["stripe_meter_events"].([]any) {
-					if e.(map[string]any)["accepted_at"] == nil {
-						t.Fatalf("billed log with a meter event not accepted: %s", r.body)
+					e := e.(map[string]any)
+					if e["accepted_at"] == nil || e["identifier"] != "usage-log:"+f.billedID+":"+e["dimension"].(string) {
+						t.Fatalf("billed log with a meter event not accepted or not named: %s", r.body)
 					}
 				}
 			}},

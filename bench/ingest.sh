@@ -65,12 +65,16 @@ kill $SERVE; wait $SERVE 2>/dev/null || true
 trap - EXIT
 [ -n "${INGEST_ONLY:-}" ] && exit 0
 
-# Drain: 50,000 pending logs, one `overage work` process, the emulator with
-# 5 ms latency and the rate limit above Stripe's 1,000/s.
+# Drain: 200,000 pending logs of 100 tenants, one `overage work` process,
+# the emulator with 5 ms latency, Stripe's 1,000 calls/s per account and one
+# call per customer and meter; then the same 200,000 logs of one customer.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
 DRAIN_URL=$(db_url ${BENCH_DB}_drain)
 ./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
-go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-50000}"
+go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-200000}" -tenants 100
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
+./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
+go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-200000}" -tenants 1
 # The same with 10 of the 200 customers hanging: everyone else must still
 # be billed at about the rate above.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"

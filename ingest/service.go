@@ -463,7 +463,7 @@ func (st *state) newLogs(req request, fresh []int, results []result) (*writes, e
 			l.BillingStatus = overage.BillingStatusPending
 			w.reportIDs = append(w.reportIDs, id)
 		}
-		withStripeEvents(l, nil, nil)
+		l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
 		results[i] = result{log: l}
 		w.logs = append(w.logs, l)
 		w.periods = append(w.periods, p)
@@ -643,35 +643,39 @@ type logResponse struct {
 
 const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
-	first_attempt_at, billing_message, input_accepted_at, output_accepted_at`
+	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead`
 
 func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	l := &overage.UsageLog{}
 	var inAt, outAt *time.Time
+	var inLead, outLead *uuid.UUID
 	if err := row.Scan(&l.ID, &l.TenantID, &l.RequestID, &l.Timestamp, &l.UserID, &l.ModelID, &l.InputTokens, &l.OutputTokens,
 		&l.Overage.InputTokens, &l.Overage.OutputTokens, &l.BillingStatus, &l.BilledAt, &l.CreatedAt,
-		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt); err != nil {
+		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead); err != nil {
 		return nil, err
 	}
 	l.Timestamp = l.Timestamp.UTC()
 	l.CreatedAt = l.CreatedAt.UTC()
-	withStripeEvents(l, inAt, outAt)
+	l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{inLead, outLead}, [2]*time.Time{inAt, outAt})
 	return l, nil
 }
 
-// withStripeEvents names the meter event of each dimension with overage.
-func withStripeEvents(l *overage.UsageLog, inAt, outAt *time.Time) {
-	for _, d := range overage.Dimensions {
-		if v := l.Overage.Of(d); v > 0 {
-			at := inAt
-			if d == overage.DimensionOutput {
-				at = outAt
+// meterEvents names, per dimension with overage, the meter event that
+// carries it: the report led by leads[i] (nil until the log joins one), and
+// when Stripe accepted it.
+func meterEvents(o overage.Overage, leads [2]*uuid.UUID, accepted [2]*time.Time) []overage.StripeEvent {
+	var out []overage.StripeEvent
+	for i, d := range overage.Dimensions {
+		if v := o.Of(d); v > 0 {
+			e := overage.StripeEvent{Dimension: d, Value: v, AcceptedAt: accepted[i]}
+			if leads[i] != nil {
+				key := overage.MeterEventKey(*leads[i], d)
+				e.Identifier = &key
 			}
-			l.StripeEvents = append(l.StripeEvents, overage.StripeEvent{
-				Dimension: d, Identifier: overage.MeterEventKey(l.ID, d), Value: v, AcceptedAt: at,
-			})
+			out = append(out, e)
 		}
 	}
+	return out
 }
 
 // Get returns a usage log the caller may see: the owning tenant's, or any

@@ -9,6 +9,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -26,19 +27,27 @@ const (
 	QueueWebhooks = "webhooks"
 )
 
-// ReportArgs asks a worker to send a usage log's overage to Stripe.
+// ReportArgs asks a worker to report a tenant's pending usage logs: send
+// its open reports again and form new ones of the logs in no report yet
+// (package usagelog). The args name the tenant, not a log: one job covers
+// every log of the tenant ingested within REPORT_BATCH_DELAY.
 type ReportArgs struct {
-	UsageLogID uuid.UUID `json:"usage_log_id" river:"unique"`
+	TenantID uuid.UUID `json:"tenant_id" river:"unique"`
+	// Batch is the end of the batch period the job gathers, when it is
+	// scheduled to run. It makes the job unique per tenant and period
+	// (River's ByPeriod cannot go below a second).
+	Batch time.Time `json:"batch" river:"unique"`
 }
 
-// Kind implements river.JobArgs.
-func (ReportArgs) Kind() string { return "overage.report_usage" }
+// Kind implements river.JobArgs. It differs from the per-log job of earlier
+// versions ("overage.report_usage"), whose logs the sweep requeues.
+func (ReportArgs) Kind() string { return "overage.report_tenant" }
 
-// InsertOpts makes a report job unique by its usage log while it is live
-// (not while it is completed, cancelled or discarded), so the sweep and
-// ingest never queue the same log twice at once, yet a log that is pending
-// again — a discarded job, an operator's resend — can be queued at once.
-// River's uniqueness is not the record of what was billed; the usage log's
+// InsertOpts makes a report job unique by its tenant and batch period while
+// it waits or runs: every ingest transaction of the tenant within one
+// period joins the same job, and a log ingested while that job runs is
+// queued in the next period's job, so it lands in the next report. River's
+// uniqueness is not the record of what was billed; the usage log's
 // billing_status is.
 func (ReportArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{
@@ -49,6 +58,9 @@ func (ReportArgs) InsertOpts() river.InsertOpts {
 		}},
 	}
 }
+
+// DefaultBatchDelay is REPORT_BATCH_DELAY's default.
+const DefaultBatchDelay = time.Second
 
 // ExpireIdempotencyKeysArgs asks a worker to delete expired idempotency
 // records in bounded batches.
@@ -66,54 +78,104 @@ func (ExpireIdempotencyKeysArgs) InsertOpts() river.InsertOpts {
 type Inserter struct {
 	client      *river.Client[pgx.Tx]
 	maxAttempts int
+	batchDelay  time.Duration
 }
 
 // NewInserter returns an Inserter. client may be insert-only (no queues);
-// maxAttempts is REPORT_MAX_ATTEMPTS.
+// maxAttempts is REPORT_MAX_ATTEMPTS. Report jobs gather for
+// DefaultBatchDelay unless WithBatchDelay says otherwise.
 func NewInserter(client *river.Client[pgx.Tx], maxAttempts int) *Inserter {
-	return &Inserter{client: client, maxAttempts: maxAttempts}
+	return &Inserter{client: client, maxAttempts: maxAttempts, batchDelay: DefaultBatchDelay}
 }
 
-// InsertReportTx queues the report of a usage log in tx. A live job for the
-// same log is returned instead of a second one (UniqueSkippedAsDuplicate).
-func (i *Inserter) InsertReportTx(ctx context.Context, tx pgx.Tx, usageLogID uuid.UUID) (*rivertype.JobInsertResult, error) {
+// WithBatchDelay returns a copy of i whose report jobs gather for d
+// (REPORT_BATCH_DELAY, > 0).
+func (i *Inserter) WithBatchDelay(d time.Duration) *Inserter {
+	c := *i
+	if d > 0 {
+		c.batchDelay = d
+	}
+	return &c
+}
+
+// report is the report job of a tenant for the batch period now falls in,
+// scheduled at the period's end: a lone event waits at most one period.
+func (i *Inserter) report(tenantID uuid.UUID, now time.Time) (ReportArgs, *river.InsertOpts) {
+	end := now.UTC().Truncate(i.batchDelay).Add(i.batchDelay)
 	opts := ReportArgs{}.InsertOpts()
 	opts.MaxAttempts = i.maxAttempts
-	res, err := i.client.InsertTx(ctx, tx, ReportArgs{UsageLogID: usageLogID}, &opts)
-	if err != nil {
-		return nil, fmt.Errorf("insert report job for usage log %s: %w", usageLogID, err)
-	}
-	return res, nil
+	opts.ScheduledAt = end
+	return ReportArgs{TenantID: tenantID, Batch: end}, &opts
 }
 
-// InsertReportsTx queues, in tx, the reporting of the usage logs one ingest
-// transaction wrote for tenantID that have overage to bill (pending; a
-// not_billable log is never reported): one for a single event, up to 1,000
-// for a batch, possibly none. The ingest calls it exactly once per
-// transaction that records logs, so how reports are shaped — today one
-// unique job per log — stays this function's business: callers must not
-// assume a job per log.
-//
-// All jobs go in one statement (River's InsertManyTx). A unique key twice
-// in one such statement aborts it (SQLSTATE 21000), so repeated ids are
-// dropped first; a live job already queued for a log is kept, not doubled.
+// InsertReportsTx queues, in the ingest transaction tx, the report of the
+// usage logs it wrote, all of tenantID. It costs one unique job insert per
+// transaction, whatever the number of logs. A concurrent transaction of the
+// same tenant inserting in the same period waits for this one to commit
+// (River's unique insert), then joins its job; ingest transactions of one
+// tenant are serialised by the allowance row anyway, which they take first.
 func (i *Inserter) InsertReportsTx(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, usageLogIDs []uuid.UUID) error {
 	if len(usageLogIDs) == 0 {
 		return nil
 	}
-	opts := ReportArgs{}.InsertOpts()
-	opts.MaxAttempts = i.maxAttempts
-	seen := make(map[uuid.UUID]bool, len(usageLogIDs))
-	params := make([]river.InsertManyParams, 0, len(usageLogIDs))
-	for _, id := range usageLogIDs {
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		params = append(params, river.InsertManyParams{Args: ReportArgs{UsageLogID: id}, InsertOpts: &opts})
+	if _, err := i.InsertTenantReportTx(ctx, tx, tenantID); err != nil {
+		return fmt.Errorf("queue report of %d usage logs: %w", len(usageLogIDs), err)
 	}
-	if _, err := i.client.InsertManyTx(ctx, tx, params); err != nil {
-		return fmt.Errorf("insert %d report jobs of tenant %s: %w", len(params), tenantID, err)
+	return nil
+}
+
+// InsertTenantReportTx queues the tenant's report job in tx (an operator's
+// resend). A job already queued for this period is returned instead of a
+// second one (UniqueSkippedAsDuplicate).
+func (i *Inserter) InsertTenantReportTx(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID) (*rivertype.JobInsertResult, error) {
+	args, opts := i.report(tenantID, time.Now())
+	res, err := i.client.InsertTx(ctx, tx, args, opts)
+	if err != nil {
+		return nil, fmt.Errorf("insert report job for tenant %s: %w", tenantID, err)
+	}
+	if err := makeDue(ctx, tx, []*rivertype.JobInsertResult{res}); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// InsertTenantReportsTx queues the report jobs of tenants in tx with client
+// (the sweep, the benchmark's seeding), skipping tenants whose job for this
+// period is already queued.
+func (i *Inserter) InsertTenantReportsTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx], tenants []uuid.UUID) ([]*rivertype.JobInsertResult, error) {
+	params := make([]river.InsertManyParams, len(tenants))
+	now := time.Now()
+	for n, t := range tenants {
+		args, opts := i.report(t, now)
+		params[n] = river.InsertManyParams{Args: args, InsertOpts: opts}
+	}
+	res, err := client.InsertManyTx(ctx, tx, params)
+	if err != nil {
+		return nil, fmt.Errorf("insert report jobs of %d tenants: %w", len(tenants), err)
+	}
+	return res, makeDue(ctx, tx, res)
+}
+
+// makeDue makes newly inserted report jobs available now, to be fetched
+// when their scheduled_at (the end of their batch period) comes. River
+// inserts a job scheduled in the future as "scheduled", and only its
+// leader's scheduler, every 5 s, makes it available: that would stretch a
+// one-second batch to six. An available job with a future scheduled_at is
+// exactly what River's fetch is built for (it takes jobs whose scheduled_at
+// has passed), so the job runs on time. One UPDATE by primary key, and only
+// for the first transaction of a period: the others join its job.
+func makeDue(ctx context.Context, tx pgx.Tx, res []*rivertype.JobInsertResult) error {
+	var ids []int64
+	for _, r := range res {
+		if !r.UniqueSkippedAsDuplicate && r.Job.State == rivertype.JobStateScheduled {
+			ids = append(ids, r.Job.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, `UPDATE river_job SET state = 'available' WHERE id = ANY($1) AND state = 'scheduled'`, ids); err != nil {
+		return fmt.Errorf("make report jobs due: %w", err)
 	}
 	return nil
 }

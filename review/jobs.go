@@ -3,49 +3,45 @@ package review
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/outbox"
 )
 
-// A resend reads River's river_job table for one thing only: whether a
-// report job of the log is running right now (refuseWhileJobRuns).
-
-func reportJobArgs(id uuid.UUID) map[string]string {
-	return map[string]string{"usage_log_id": id.String()}
-}
-
-// refuseWhileJobRuns refuses a resend while a report job of the log is
-// running: it may already have read the log under review and be about to
-// complete without sending, and a running job would make the resend's job
-// a skipped duplicate. Jobs are bounded by REPORT_JOB_TIMEOUT.
-func refuseWhileJobRuns(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
-	var running bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job
-			WHERE kind = $1 AND args @> $2::jsonb AND state = 'running')`,
-		outbox.ReportArgs{}.Kind(), reportJobArgs(id)).Scan(&running); err != nil {
-		return fmt.Errorf("read report jobs of usage log %s: %w", id, err)
-	}
-	if running {
-		e := overage.Errorf(overage.ECONFLICT, "report-job-running",
-			"a report job of usage log %s is running right now; try again when it has finished (within REPORT_JOB_TIMEOUT)", id)
-		e.RetryAfter = 5 * time.Second
-		return e
-	}
-	return nil
-}
-
-// queueReport queues the log's report job in tx. Report jobs are unique
-// only while live (outbox.ReportArgs), so a log that had a finished job gets
-// a new one, and a job still queued is reused rather than doubled.
-func queueReport(ctx context.Context, tx pgx.Tx, inserter *outbox.Inserter, id uuid.UUID) (*QueuedJob, error) {
-	res, err := inserter.InsertReportTx(ctx, tx, id)
+// queueReport queues the tenant's report job in tx. A job already queued
+// for this batch period is reused rather than doubled; a job running right
+// now is no obstacle: the reopened reports are picked up by this one.
+func queueReport(ctx context.Context, tx pgx.Tx, inserter *outbox.Inserter, tenantID uuid.UUID) (*QueuedJob, error) {
+	res, err := inserter.InsertTenantReportTx(ctx, tx, tenantID)
 	if err != nil {
 		return nil, err
 	}
 	return &QueuedJob{ID: res.Job.ID, State: string(res.Job.State), ScheduledAt: res.Job.ScheduledAt.UTC(), Existing: res.UniqueSkippedAsDuplicate}, nil
+}
+
+// auditMembers records the decision res for the other members of the
+// named log's reports, in tx, as the named log's row says.
+func auditMembers(ctx context.Context, tx pgx.Tx, res *Resolution, members []uuid.UUID) error {
+	if len(members) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, len(members))
+	for i := range ids {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("audit id: %w", err)
+		}
+		ids[i] = id
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO review_actions
+			(id, usage_log_id, action, reason, actor, previous_status, previous_message, first_attempt_at, forced)
+		SELECT v.id, v.log, $3, $4 || ' (with the report of usage log ' || $5 || ')', $6, $7, $8, $9, $10
+		FROM unnest($1::uuid[], $2::uuid[]) AS v (id, log)`,
+		ids, members, string(res.Action), res.Reason, res.UsageLogID.String(), res.Actor, string(res.PreviousStatus),
+		res.PreviousMessage, res.FirstAttemptAt, res.Forced); err != nil {
+		return fmt.Errorf("record review of the report's other members: %w", err)
+	}
+	return nil
 }

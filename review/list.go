@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // DB is what List reads with: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
@@ -44,17 +45,27 @@ type Item struct {
 	// sent again, whatever the operator decides.
 	InputAcceptedAt  *time.Time `json:"input_accepted_at"`
 	OutputAcceptedAt *time.Time `json:"output_accepted_at"`
+	// The leads of the reports carrying each dimension (nil where none).
+	InputReportLead  *uuid.UUID `json:"-"`
+	OutputReportLead *uuid.UUID `json:"-"`
 }
 
 // Identifiers are the Stripe meter event identifiers (and idempotency
-// keys) of the item's dimensions with overage.
+// keys) of the reports carrying the item's dimensions with overage; a
+// dimension in no report is named by the log's own key.
 func (it Item) Identifiers() []string {
 	var out []string
+	key := func(lead *uuid.UUID, d overage.Dimension) string {
+		if lead != nil {
+			return overage.MeterEventKey(*lead, d)
+		}
+		return overage.MeterEventKey(it.UsageLogID, d)
+	}
 	if it.OverageInputTokens > 0 {
-		out = append(out, overage.MeterEventKey(it.UsageLogID, overage.DimensionInput))
+		out = append(out, key(it.InputReportLead, overage.DimensionInput))
 	}
 	if it.OverageOutputTokens > 0 {
-		out = append(out, overage.MeterEventKey(it.UsageLogID, overage.DimensionOutput))
+		out = append(out, key(it.OutputReportLead, overage.DimensionOutput))
 	}
 	return out
 }
@@ -70,14 +81,14 @@ func List(ctx context.Context, db DB, tenantID *uuid.UUID) ([]Item, error) {
 	rows, err := db.Query(ctx, `
 		SELECT u.id, t.id, t.name, t.stripe_customer_id, u.billing_status, coalesce(u.billing_message, ''),
 			u.first_attempt_at, u.ts, u.created_at, u.overage_input_tokens, u.overage_output_tokens,
-			u.input_accepted_at, u.output_accepted_at
+			u.input_accepted_at, u.output_accepted_at, u.input_report_lead, u.output_report_lead
 		FROM tenants t
 		CROSS JOIN LATERAL (
 			SELECT * FROM usage_logs u
-			WHERE u.tenant_id = t.id AND u.billing_status IN ('needs_review', 'failed')
+			WHERE u.tenant_id = t.id AND u.billing_status = ANY($2)
 		) u
 		WHERE $1::uuid IS NULL OR t.id = $1::uuid
-		ORDER BY u.created_at, u.id`, tenantID)
+		ORDER BY u.created_at, u.id`, tenantID, []string{string(usagelog.StatusNeedsReview), string(usagelog.StatusFailed)})
 	if err != nil {
 		return nil, fmt.Errorf("list usage logs to review: %w", err)
 	}
@@ -85,7 +96,7 @@ func List(ctx context.Context, db DB, tenantID *uuid.UUID) ([]Item, error) {
 		var it Item
 		err := row.Scan(&it.UsageLogID, &it.TenantID, &it.TenantName, &it.StripeCustomerID, &it.Status, &it.Reason,
 			&it.FirstAttemptAt, &it.Timestamp, &it.CreatedAt, &it.OverageInputTokens, &it.OverageOutputTokens,
-			&it.InputAcceptedAt, &it.OutputAcceptedAt)
+			&it.InputAcceptedAt, &it.OutputAcceptedAt, &it.InputReportLead, &it.OutputReportLead)
 		it.Timestamp, it.CreatedAt = it.Timestamp.UTC(), it.CreatedAt.UTC()
 		it.FirstAttemptAt, it.InputAcceptedAt, it.OutputAcceptedAt = utc(it.FirstAttemptAt), utc(it.InputAcceptedAt), utc(it.OutputAcceptedAt)
 		return it, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Action is an operator's decision on a usage log under review.
@@ -111,6 +112,9 @@ type Resolution struct {
 	// send (overage and not yet accepted by Stripe); for billed and void,
 	// the dimensions Stripe had already accepted.
 	Dimensions []overage.Dimension `json:"dimensions"`
+	// Members is how many usage logs the decision covered: the log and the
+	// other members of its reports (one meter event is decided as a whole).
+	Members int `json:"usage_logs"`
 	// ReportJob is, for a resend, the River job that will send the log.
 	ReportJob *QueuedJob `json:"report_job,omitempty"`
 }
@@ -149,28 +153,14 @@ func (r *Resolution) String() string {
 // Resolver applies operators' decisions.
 type Resolver struct {
 	pool     *pgxpool.Pool
+	store    *usagelog.Store
 	inserter *outbox.Inserter
 }
 
 // NewResolver returns a Resolver writing to pool and queueing resends with
 // inserter (REPORT_MAX_ATTEMPTS attempts per job, like ingest's).
 func NewResolver(pool *pgxpool.Pool, inserter *outbox.Inserter) *Resolver {
-	return &Resolver{pool: pool, inserter: inserter}
-}
-
-// reviewLog is a usage log as Resolve finds it, with the database clock's
-// view of its idempotency window.
-type reviewLog struct {
-	status         overage.BillingStatus
-	message        *string
-	firstAttemptAt *time.Time
-	overage        overage.Overage
-	accepted       map[overage.Dimension]bool
-	now            time.Time
-	// windowEndsAt is when Stripe forgets the keys of the first attempt;
-	// insideWindow says it has not yet, by the database clock.
-	windowEndsAt *time.Time
-	insideWindow bool
+	return &Resolver{pool: pool, store: usagelog.New(pool), inserter: inserter}
 }
 
 // Resolve records an operator's decision on a usage log in needs_review or
@@ -195,31 +185,35 @@ func (r *Resolver) Resolve(ctx context.Context, p ResolveParams) (*Resolution, e
 
 	var res *Resolution
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		l, err := lockLog(ctx, tx, p.UsageLogID, p.IdempotencyWindow)
+		l, err := r.store.LockForReview(ctx, tx, p.UsageLogID, p.IdempotencyWindow)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return overage.Errorf(overage.ENOTFOUND, "usage-log-not-found", "no usage log %s", p.UsageLogID)
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("read usage log %s: %w", p.UsageLogID, err)
 		}
-		if l.status != overage.BillingStatusNeedsReview && l.status != overage.BillingStatusFailed {
+		if !l.Reviewable() {
 			return overage.Errorf(overage.ECONFLICT, "not-reviewable",
-				"usage log %s is %s, not needs_review or failed: only those are resolved by an operator", p.UsageLogID, l.status)
+				"usage log %s is %s, not needs_review or failed: only those are resolved by an operator", p.UsageLogID, l.Status)
 		}
-		if p.Action == ActionResend {
-			if l.insideWindow && !p.Force {
-				e := overage.Errorf(overage.ECONFLICT, "resend-inside-window",
-					"usage log %s was first sent at %s; Stripe may hold its keys (usage-log:%s:<dimension>) until %s by the database clock and would answer a resend from that attempt instead of sending it; resend after %s, resolve it as billed or void, or pass --force to resend now under the same keys",
-					p.UsageLogID, fmtTime(*l.firstAttemptAt), p.UsageLogID, fmtTime(*l.windowEndsAt), fmtTime(*l.windowEndsAt))
-				e.RetryAfter = l.windowEndsAt.Sub(l.now)
-				return e
+		if p.Action == ActionResend && l.InsideWindow && !p.Force {
+			var keys []string
+			for _, d := range overage.Dimensions {
+				if l.Overage.Of(d) > 0 {
+					keys = append(keys, l.Key(p.UsageLogID, d))
+				}
 			}
-			if err := refuseWhileJobRuns(ctx, tx, p.UsageLogID); err != nil {
-				return err
-			}
+			e := overage.Errorf(overage.ECONFLICT, "resend-inside-window",
+				"usage log %s was first sent at %s; Stripe may hold its keys (%s) until %s by the database clock and would answer a resend from that attempt instead of sending it; resend after %s, resolve it as billed or void, or pass --force to resend now under the same keys",
+				p.UsageLogID, fmtTime(*l.FirstAttemptAt), strings.Join(keys, ", "), fmtTime(*l.WindowEndsAt), fmtTime(*l.WindowEndsAt))
+			e.RetryAfter = l.WindowEndsAt.Sub(l.Now)
+			return e
 		}
 
 		res = &Resolution{
 			UsageLogID: p.UsageLogID, Action: p.Action, Actor: p.Actor, Reason: p.Reason,
-			Forced:         p.Force && l.insideWindow,
-			PreviousStatus: l.status, PreviousMessage: l.message, FirstAttemptAt: l.firstAttemptAt,
+			Forced:         p.Force && l.InsideWindow,
+			PreviousStatus: l.Status, PreviousMessage: l.Message, FirstAttemptAt: utc(l.FirstAttemptAt),
 			Dimensions: []overage.Dimension{},
 		}
 		if res.AuditID, err = uuid.NewV7(); err != nil {
@@ -228,7 +222,7 @@ func (r *Resolver) Resolve(ctx context.Context, p ResolveParams) (*Resolution, e
 		if err := tx.QueryRow(ctx, `INSERT INTO review_actions
 				(id, usage_log_id, action, reason, actor, previous_status, previous_message, first_attempt_at, forced)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING created_at`,
-			res.AuditID, p.UsageLogID, string(p.Action), p.Reason, p.Actor, string(l.status), l.message, l.firstAttemptAt, res.Forced).
+			res.AuditID, p.UsageLogID, string(p.Action), p.Reason, p.Actor, string(l.Status), l.Message, l.FirstAttemptAt, res.Forced).
 			Scan(&res.ResolvedAt); err != nil {
 			return fmt.Errorf("record review of usage log %s: %w", p.UsageLogID, err)
 		}
@@ -238,18 +232,14 @@ func (r *Resolver) Resolve(ctx context.Context, p ResolveParams) (*Resolution, e
 		case ActionBilled:
 			res.Status = overage.BillingStatusBilled
 			res.Message = fmt.Sprintf("marked billed by %s: %s", p.Actor, p.Reason)
-			res.Dimensions = l.acceptedDimensions()
-			_, err = tx.Exec(ctx, `UPDATE usage_logs SET billing_status = 'billed', billed_at = now(), billing_message = $2, updated_at = now()
-				WHERE id = $1`, p.UsageLogID, res.Message)
+			res.Dimensions = acceptedDimensions(l)
 		case ActionVoid:
 			res.Status = overage.BillingStatusNotBillable
 			res.Message = fmt.Sprintf("voided by %s: %s", p.Actor, p.Reason)
-			res.Dimensions = l.acceptedDimensions()
+			res.Dimensions = acceptedDimensions(l)
 			if len(res.Dimensions) > 0 {
 				res.Message += fmt.Sprintf(" (Stripe had already accepted %s)", joinDims(res.Dimensions))
 			}
-			_, err = tx.Exec(ctx, `UPDATE usage_logs SET billing_status = 'not_billable', billing_message = $2, updated_at = now()
-				WHERE id = $1`, p.UsageLogID, res.Message)
 		case ActionResend:
 			res.Status = overage.BillingStatusPending
 			res.Message = fmt.Sprintf("resend requested by %s: %s", p.Actor, p.Reason)
@@ -257,22 +247,27 @@ func (r *Resolver) Resolve(ctx context.Context, p ResolveParams) (*Resolution, e
 				res.Message += " (forced inside Stripe's idempotency window)"
 			}
 			for _, d := range overage.Dimensions {
-				if l.overage.Of(d) > 0 && !l.accepted[d] {
+				if l.Overage.Of(d) > 0 && !l.Accepted[d] {
 					res.Dimensions = append(res.Dimensions, d)
 				}
 			}
-			// A new window starts with the next send: the worker stamps
-			// first_attempt_at again. The *_accepted_at columns stay, so a
-			// dimension Stripe already accepted is never sent again.
-			_, err = tx.Exec(ctx, `UPDATE usage_logs SET billing_status = 'pending', first_attempt_at = NULL, billed_at = NULL,
-					billing_message = $2, updated_at = now()
-				WHERE id = $1`, p.UsageLogID, res.Message)
 		}
+		// The decision covers the log's reports, hence every member of
+		// them; each member gets its own audit row.
+		members, err := r.store.ResolveTx(ctx, tx, p.UsageLogID, res.Status, res.Message)
 		if err != nil {
-			return fmt.Errorf("resolve usage log %s as %s: %w", p.UsageLogID, p.Action, err)
+			return err
+		}
+		res.Members = len(members)
+		if err := auditMembers(ctx, tx, res, members[1:]); err != nil {
+			return err
 		}
 		if p.Action == ActionResend {
-			res.ReportJob, err = queueReport(ctx, tx, r.inserter, p.UsageLogID)
+			tenantID, err := r.store.TenantOf(ctx, tx, p.UsageLogID)
+			if err != nil {
+				return err
+			}
+			res.ReportJob, err = queueReport(ctx, tx, r.inserter, tenantID)
 			return err
 		}
 		return nil
@@ -283,34 +278,10 @@ func (r *Resolver) Resolve(ctx context.Context, p ResolveParams) (*Resolution, e
 	return res, nil
 }
 
-// lockLog reads the log FOR UPDATE: the worker, the sweep and another
-// operator wait for this transaction, then see what it decided.
-func lockLog(ctx context.Context, tx pgx.Tx, id uuid.UUID, window time.Duration) (*reviewLog, error) {
-	l := &reviewLog{accepted: map[overage.Dimension]bool{}}
-	var inAt, outAt *time.Time
-	err := tx.QueryRow(ctx, `SELECT billing_status, billing_message, first_attempt_at,
-			overage_input_tokens, overage_output_tokens, input_accepted_at, output_accepted_at,
-			now(), first_attempt_at + make_interval(secs => $2),
-			coalesce(first_attempt_at + make_interval(secs => $2) > now(), false)
-		FROM usage_logs WHERE id = $1 FOR UPDATE`, id, window.Seconds()).
-		Scan(&l.status, &l.message, &l.firstAttemptAt, &l.overage.InputTokens, &l.overage.OutputTokens, &inAt, &outAt,
-			&l.now, &l.windowEndsAt, &l.insideWindow)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, overage.Errorf(overage.ENOTFOUND, "usage-log-not-found", "no usage log %s", id)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read usage log %s: %w", id, err)
-	}
-	l.accepted[overage.DimensionInput] = inAt != nil
-	l.accepted[overage.DimensionOutput] = outAt != nil
-	l.firstAttemptAt, l.windowEndsAt = utc(l.firstAttemptAt), utc(l.windowEndsAt)
-	return l, nil
-}
-
-func (l *reviewLog) acceptedDimensions() []overage.Dimension {
+func acceptedDimensions(l *usagelog.ReviewLog) []overage.Dimension {
 	out := []overage.Dimension{}
 	for _, d := range overage.Dimensions {
-		if l.accepted[d] {
+		if l.Accepted[d] {
 			out = append(out, d)
 		}
 	}

@@ -9,39 +9,44 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/usagelog"
 )
 
-// ReportWorker sends a usage log's overage to Stripe, one meter event per
-// dimension, and marks the log billed when Stripe has accepted them all.
+// ReportWorker reports a tenant's pending usage logs to Stripe: it sends
+// the tenant's open reports again (formed earlier, not yet accepted), then
+// forms new reports of the logs in none yet and sends them, one meter event
+// per report, until nothing is left.
 //
-// Exactly once rests on three things. Every send carries the key
-// overage.MeterEventKey(log, dimension) — the same on every attempt,
-// requeue and restart — so Stripe applies a resend at most once within its
-// window. The log's first attempt time is committed before the first send,
-// so past the window the log is never resent automatically (it goes to
-// needs_review). And "billed" is committed together with the job's
-// completion, so a crash in between leaves a pending log whose resend
-// Stripe deduplicates.
+// Exactly once rests on three things, all in usagelog. A report's members,
+// value, timestamp and key are committed before its first send and never
+// change, so every resend — River retry, sweep requeue, restart after
+// kill -9 — is the same event and Stripe applies it at most once within its
+// window. The report's first attempt is committed with it, so past the
+// window it is never resent automatically (needs_review). And its members
+// become billed in the transaction that records its acceptance, so a crash
+// in between leaves an open report whose resend Stripe deduplicates.
 type ReportWorker struct {
 	river.WorkerDefaults[outbox.ReportArgs]
 	pool   *pgxpool.Pool
+	store  *usagelog.Store
 	stripe stripeclient.Sender
 	meters map[overage.Dimension]string
-	window windowGuard
+	guard  usagelog.Guard
 	logger *slog.Logger
-	// jobTimeout bounds one run; sends are abandoned before it.
+	// jobTimeout bounds one run; sends are abandoned before it, and a run
+	// hands its remaining work back (a snooze) after half of it.
 	jobTimeout time.Duration
+	batchMax   int
 }
+
+// claimLimit bounds the open reports one round sends again.
+const claimLimit = 20
 
 // Timeout implements river.Worker.
 func (w *ReportWorker) Timeout(*river.Job[outbox.ReportArgs]) time.Duration { return w.jobTimeout }
@@ -59,244 +64,244 @@ func backoff(errorsSoFar int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// windowGuard is when a log must no longer be sent automatically: its
-// first send is older than Stripe's idempotency window minus a margin.
-type windowGuard struct {
-	window time.Duration
-	margin time.Duration
-}
-
-// cutoff is how long after the first attempt sends must stop.
-func (g windowGuard) cutoff() time.Duration { return g.window - g.margin }
-
-// marginFor leaves room for clock skew between us and Stripe and for a
-// send in flight: a tenth of the window, at most an hour.
-func marginFor(window time.Duration) time.Duration { return min(window/10, time.Hour) }
-
-type reportLog struct {
-	customerID   string
-	timestamp    time.Time
-	overage      overage.Overage
-	accepted     map[overage.Dimension]bool
-	firstAttempt time.Time
-	// remaining is how long sends may still go out, by the database clock.
-	remaining time.Duration
-	// suspended is the tenant's suspension reason (customer.deleted), if any.
-	suspended *string
-}
-
 // Work implements river.Worker.
 func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArgs]) error {
-	id := job.Args.UsageLogID
-	l, err := w.begin(ctx, id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		// Billed, failed, under review or not billable already: nothing to
-		// send. Completing the job is all that is left.
+	tenantID := job.Args.TenantID
+	var customer string
+	var suspended *string
+	if err := w.pool.QueryRow(ctx, `SELECT stripe_customer_id,
+			CASE WHEN suspended_at IS NOT NULL THEN coalesce(suspended_reason, 'tenant suspended') END
+		FROM tenants WHERE id = $1`, tenantID).Scan(&customer, &suspended); err != nil {
+		return fmt.Errorf("read tenant %s: %w", tenantID, err)
+	}
+	if suspended != nil {
+		// No retry can bill a customer Stripe no longer has; nothing is sent.
+		n, err := w.store.FailTenant(ctx, tenantID, *suspended)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			w.logger.WarnContext(ctx, "usage logs failed: tenant suspended", "tenant_id", tenantID, "usage_logs", n, "reason", *suspended)
+		}
 		return nil
 	}
-	if err != nil {
-		return err
-	}
-	if l.suspended != nil {
-		return w.suspended(ctx, id, *l.suspended)
-	}
-	if l.remaining <= 0 {
-		return w.needsReview(ctx, job, l.firstAttempt)
-	}
-
-	// No send may start after the cutoff, by the database clock; a send in
-	// flight is abandoned at it. The dimensions go to different meters, so
-	// they are sent at once.
-	sendCtx, cancel := context.WithTimeout(ctx, l.remaining)
-	defer cancel()
-	type outcome struct {
-		d   overage.Dimension
-		res stripeclient.Result
-		err error
-	}
-	var outcomes []outcome
-	for _, d := range overage.Dimensions {
-		if l.overage.Of(d) > 0 && !l.accepted[d] {
-			outcomes = append(outcomes, outcome{d: d})
+	handBack := time.Now().Add(w.jobTimeout / 2)
+	for {
+		reports, err := w.store.Claim(ctx, usagelog.ClaimParams{TenantID: tenantID, Limit: claimLimit, Lease: w.jobTimeout, Guard: w.guard})
+		if err != nil {
+			return err
+		}
+		if len(reports) == 0 {
+			reports, err = w.store.Form(ctx, usagelog.FormParams{TenantID: tenantID, MaxLogs: w.batchMax, Lease: w.jobTimeout, Guard: w.guard})
+			if err != nil {
+				return err
+			}
+		}
+		if len(reports) == 0 {
+			// Another job holds an open report: a live one sends it, a
+			// killed one's lease lapses; come back then.
+			held, ok, err := w.store.HeldFor(ctx, tenantID)
+			if err != nil || !ok {
+				return err
+			}
+			return river.JobSnooze(held + time.Second)
+		}
+		if err := w.round(ctx, customer, reports); err != nil {
+			return err
+		}
+		if time.Now().After(handBack) {
+			// More may be left: give the slot back and come again at once,
+			// without spending an attempt.
+			return river.JobSnooze(0)
 		}
 	}
+}
+
+// outcome is what became of one report's send.
+type outcome struct {
+	report usagelog.Report
+	res    stripeclient.Result
+	err    error
+	parked bool
+}
+
+// round sends reports at once (calls for one customer's meter queue in the
+// Stripe client, one at a time), then records the outcomes.
+func (w *ReportWorker) round(ctx context.Context, customer string, reports []usagelog.Report) error {
+	outs := make([]outcome, len(reports))
 	var wg sync.WaitGroup
-	for i := range outcomes {
+	for i, r := range reports {
+		outs[i].report = r
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := &outcomes[i]
-			o.res, o.err = w.stripe.SendMeterEvent(sendCtx, stripeclient.MeterEvent{
-				EventName:  w.meters[o.d],
-				CustomerID: l.customerID,
-				Value:      l.overage.Of(o.d),
-				Timestamp:  l.timestamp,
-				Key:        overage.MeterEventKey(id, o.d),
-			})
+			outs[i] = w.sendOne(ctx, customer, r)
 		}()
 	}
 	wg.Wait()
+	recErr := w.record(ctx, outs)
 
-	var accepted []overage.Dimension
-	var failed *outcome
-	for i, o := range outcomes {
-		if o.err != nil {
-			// A permanent failure decides the log's fate over a retryable
-			// one, and any real failure over a busy refusal, which would
-			// snooze without spending an attempt.
-			if failed == nil || stripeclient.IsPermanent(o.err) || stripeclient.IsBusy(failed.err) {
-				failed = &outcomes[i]
-			}
-			continue
+	var release []usagelog.Report
+	for _, o := range outs {
+		if recErr != nil || (o.err != nil && !stripeclient.IsPermanent(o.err)) {
+			release = append(release, o.report)
 		}
-		w.logger.DebugContext(ctx, "meter event accepted", "usage_log_id", id, "dimension", o.d,
-			"replayed", o.res.Replayed, "already_applied", o.res.AlreadyApplied, "stripe_request_id", o.res.RequestID)
-		accepted = append(accepted, o.d)
 	}
-	if failed != nil {
-		if err := w.recordAccepted(ctx, id, accepted); err != nil {
-			return err
-		}
-		return w.sendFailed(ctx, id, failed.d, failed.err)
+	// Released even when the job is being stopped, so its retry (or any
+	// job of the tenant) sends them without waiting for the lease to lapse.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := w.store.Release(rctx, release); err != nil {
+		return err
 	}
-	return w.markBilled(ctx, job, accepted)
-}
-
-// begin stamps the log's first attempt (kept when already set) and reads
-// what to send, in one statement committed before anything is sent: if we
-// crash mid-send, the window guard still knows when Stripe may first have
-// seen the key. pgx.ErrNoRows means the log is not pending.
-func (w *ReportWorker) begin(ctx context.Context, id uuid.UUID) (*reportLog, error) {
-	l := &reportLog{accepted: map[overage.Dimension]bool{}}
-	var inAt, outAt *time.Time
-	var remaining float64
-	err := w.pool.QueryRow(ctx, `UPDATE usage_logs u SET first_attempt_at = CASE WHEN t.suspended_at IS NULL THEN coalesce(u.first_attempt_at, now()) ELSE u.first_attempt_at END, updated_at = now()
-		FROM tenants t WHERE u.id = $1 AND t.id = u.tenant_id AND u.billing_status = 'pending'
-		RETURNING t.stripe_customer_id, u.ts, u.overage_input_tokens, u.overage_output_tokens,
-			u.input_accepted_at, u.output_accepted_at, coalesce(u.first_attempt_at, now()),
-			coalesce(extract(epoch FROM u.first_attempt_at + make_interval(secs => $2) - now())::float8, 0),
-			CASE WHEN t.suspended_at IS NOT NULL THEN coalesce(t.suspended_reason, 'tenant suspended') END`, id, w.window.cutoff().Seconds()).
-		Scan(&l.customerID, &l.timestamp, &l.overage.InputTokens, &l.overage.OutputTokens, &inAt, &outAt, &l.firstAttempt, &remaining, &l.suspended)
-	if err != nil {
-		return nil, fmt.Errorf("begin report of usage log %s: %w", id, err)
+	if recErr != nil {
+		return recErr
 	}
-	l.accepted[overage.DimensionInput] = inAt != nil
-	l.accepted[overage.DimensionOutput] = outAt != nil
-	l.remaining = seconds(remaining)
-	return l, nil
-}
-
-// suspended fails the log of a suspended tenant (its Stripe customer was
-// deleted) with the suspension reason and cancels the job: no retry can
-// bill a customer Stripe no longer has. Nothing is sent. An operator may
-// still resolve the log (overage review).
-func (w *ReportWorker) suspended(ctx context.Context, id uuid.UUID, reason string) error {
-	if _, err := w.pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = $2, updated_at = now()
-		WHERE id = $1 AND billing_status = 'pending'`, id, reason); err != nil {
-		return fmt.Errorf("mark usage log %s failed: %w", id, err)
+	rs := make([]sendResult, len(outs))
+	for i, o := range outs {
+		rs[i] = classify(o)
 	}
-	w.logger.WarnContext(ctx, "usage log failed: tenant suspended", "usage_log_id", id, "reason", reason)
-	return river.JobCancel(errors.New(reason))
-}
-
-// sendFailed decides what a failed send means for the log and the job.
-func (w *ReportWorker) sendFailed(ctx context.Context, id uuid.UUID, d overage.Dimension, err error) error {
-	var se *stripeclient.Error
-	if errors.As(err, &se) && se.Kind == stripeclient.KindPermanent {
-		msg := fmt.Sprintf("Stripe refused the %s meter event: %s", d, se.Message)
-		if se.RequestID != "" {
-			msg += " (request " + se.RequestID + ")"
-		}
-		if _, dbErr := w.pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = $2, updated_at = now()
-			WHERE id = $1 AND billing_status = 'pending'`, id, msg); dbErr != nil {
-			return fmt.Errorf("mark usage log %s failed: %w", id, dbErr)
-		}
-		w.logger.WarnContext(ctx, "usage log failed permanently", "usage_log_id", id, "dimension", d, "err", err)
-		return river.JobCancel(err)
-	}
-	if errors.As(err, &se) && stripeclient.IsBusy(err) {
-		// Nothing was sent: a call for this customer's meter has hung in
-		// this process and others already wait behind it. Hand the slot
-		// back to other customers' logs instead of joining the line; no
-		// attempt is spent.
-		return river.JobSnooze(se.RetryAfter/2 + rand.N(se.RetryAfter+1))
-	}
-	if errors.As(err, &se) && se.HTTPStatus == 429 {
-		// Rate limited: try again soon without spending an attempt. The
-		// window guard bounds how long this can go on.
-		return river.JobSnooze(max(se.RetryAfter, backoff(0)))
-	}
-	return fmt.Errorf("send %s meter event of usage log %s: %w", d, id, err)
-}
-
-// recordAccepted commits the dimensions Stripe accepted in this run, when
-// the run cannot finish: the next run then sends only what is missing.
-func (w *ReportWorker) recordAccepted(ctx context.Context, id uuid.UUID, dims []overage.Dimension) error {
-	for _, d := range dims {
-		if _, err := w.pool.Exec(ctx, `UPDATE usage_logs SET `+string(d)+`_accepted_at = coalesce(`+string(d)+`_accepted_at, now()), updated_at = now() WHERE id = $1`, id); err != nil {
-			return fmt.Errorf("record %s accepted for usage log %s: %w", d, id, err)
-		}
+	v := decide(rs)
+	switch {
+	case v.err != nil:
+		return v.err
+	case v.jitter:
+		return river.JobSnooze(v.snooze/2 + rand.N(v.snooze+1))
+	case v.snooze > 0:
+		return river.JobSnooze(v.snooze)
 	}
 	return nil
 }
 
-// markBilled records the accepted dimensions, marks the log billed and
-// completes the job in one transaction.
-func (w *ReportWorker) markBilled(ctx context.Context, job *river.Job[outbox.ReportArgs], dims []overage.Dimension) error {
-	accepted := map[overage.Dimension]bool{}
-	for _, d := range dims {
-		accepted[d] = true
-	}
-	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		// A log the sweep moved to needs_review while this send was in
-		// flight is billed after all: Stripe accepted every dimension.
-		tag, err := tx.Exec(ctx, `UPDATE usage_logs SET
-				input_accepted_at = CASE WHEN $2 THEN coalesce(input_accepted_at, now()) ELSE input_accepted_at END,
-				output_accepted_at = CASE WHEN $3 THEN coalesce(output_accepted_at, now()) ELSE output_accepted_at END,
-				billing_status = 'billed', billed_at = now(), billing_message = NULL, updated_at = now()
-			WHERE id = $1 AND billing_status IN ('pending', 'needs_review')`,
-			job.Args.UsageLogID, accepted[overage.DimensionInput], accepted[overage.DimensionOutput])
+// sendOne sends one report, unless it is past the window (then it parks
+// it).
+func (w *ReportWorker) sendOne(ctx context.Context, customer string, r usagelog.Report) outcome {
+	o := outcome{report: r}
+	if r.Remaining <= 0 {
+		n, err := w.store.Park(ctx, r, w.guard)
 		if err != nil {
-			return fmt.Errorf("mark usage log %s billed: %w", job.Args.UsageLogID, err)
+			o.err = err
+			return o
 		}
-		if tag.RowsAffected() == 1 {
-			w.logger.DebugContext(ctx, "usage log billed", "usage_log_id", job.Args.UsageLogID)
-		}
-		if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
-			return fmt.Errorf("complete report job: %w", err)
-		}
-		return nil
+		o.parked = true
+		w.logger.WarnContext(ctx, "report needs review: past Stripe's idempotency window", "key", r.Key(), "usage_logs", n, "first_attempt_at", r.FirstAttemptAt)
+		return o
+	}
+	// No send may start after the cutoff, by the database clock; a send in
+	// flight is abandoned at it.
+	sendCtx, cancel := context.WithTimeout(ctx, r.Remaining)
+	defer cancel()
+	o.res, o.err = w.stripe.SendMeterEvent(sendCtx, stripeclient.MeterEvent{
+		EventName: w.meters[r.Dimension], CustomerID: customer,
+		Value: r.Value, Timestamp: r.Timestamp, Key: r.Key(),
 	})
+	return o
 }
 
-// needsReview parks a log whose first send is older than the window: a
-// resend now might be applied a second time by Stripe.
-func (w *ReportWorker) needsReview(ctx context.Context, job *river.Job[outbox.ReportArgs], firstAttempt time.Time) error {
-	return pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		if _, err := park(ctx, tx, w.window, []uuid.UUID{job.Args.UsageLogID}); err != nil {
+// record commits what the round's sends established: acceptances first
+// (billing their members), then permanent failures, so a log one of whose
+// dimensions Stripe accepted and the other refused shows both.
+func (w *ReportWorker) record(ctx context.Context, outs []outcome) error {
+	var accepted []usagelog.Report
+	for _, o := range outs {
+		if o.err == nil && !o.parked {
+			accepted = append(accepted, o.report)
+			w.logger.DebugContext(ctx, "report accepted", "key", o.report.Key(), "members", len(o.report.Members), "value", o.report.Value,
+				"replayed", o.res.Replayed, "already_applied", o.res.AlreadyApplied, "stripe_request_id", o.res.RequestID)
+		}
+	}
+	// One transaction for the round's acceptances: a log in an input and
+	// an output report of the round is written once.
+	if _, err := w.store.Accept(ctx, accepted...); err != nil {
+		return err
+	}
+	for _, o := range outs {
+		var se *stripeclient.Error
+		if o.err == nil || !errors.As(o.err, &se) || se.Kind != stripeclient.KindPermanent {
+			continue
+		}
+		r := o.report
+		msg := fmt.Sprintf("Stripe refused the %s meter event %s: %s", r.Dimension, r.Key(), se.Message)
+		if se.RequestID != "" {
+			msg += " (request " + se.RequestID + ")"
+		}
+		if _, err := w.store.Fail(ctx, r, msg); err != nil {
 			return err
 		}
-		w.logger.WarnContext(ctx, "usage log needs review: past Stripe's idempotency window", "usage_log_id", job.Args.UsageLogID, "first_attempt_at", firstAttempt)
-		_, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job)
-		return err
-	})
-}
-
-// park moves pending logs whose first send is past the window's cutoff to
-// needs_review, saying why; the worker and the sweep share it. It returns
-// how many it moved.
-func park(ctx context.Context, db interface {
-	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-}, g windowGuard, ids []uuid.UUID) (int64, error) {
-	tag, err := db.Exec(ctx, `UPDATE usage_logs SET billing_status = 'needs_review', updated_at = now(),
-			billing_message = format('first sent to Stripe at %s, longer ago than Stripe''s %s idempotency window allows for a safe resend; an operator must decide',
-				to_char(first_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), $3::text)
-		WHERE id = ANY($1) AND billing_status = 'pending'
-			AND first_attempt_at < now() - make_interval(secs => $2)`, ids, g.cutoff().Seconds(), g.window.String())
-	if err != nil {
-		return 0, fmt.Errorf("mark usage logs needs_review: %w", err)
+		w.logger.WarnContext(ctx, "report failed permanently", "key", r.Key(), "members", len(r.Members), "err", o.err)
 	}
-	return tag.RowsAffected(), nil
+	return nil
 }
 
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+// sendKind is what a send's outcome asks of the job.
+type sendKind int
+
+const (
+	// sendSettled: accepted, parked or failed for good; recorded already.
+	sendSettled sendKind = iota
+	// sendFailed: a real failure (network, 5xx, 409, the database): retry
+	// with backoff, spending an attempt.
+	sendFailed
+	// sendRateLimited: Stripe's 429.
+	sendRateLimited
+	// sendBusy: nothing was sent, a call for the customer's meter has hung
+	// in this process and others already wait behind it.
+	sendBusy
+)
+
+type sendResult struct {
+	kind       sendKind
+	retryAfter time.Duration
+	err        error
+}
+
+func classify(o outcome) sendResult {
+	var se *stripeclient.Error
+	switch {
+	case o.err == nil || stripeclient.IsPermanent(o.err):
+		return sendResult{kind: sendSettled}
+	case stripeclient.IsBusy(o.err) && errors.As(o.err, &se):
+		return sendResult{kind: sendBusy, retryAfter: se.RetryAfter}
+	case errors.As(o.err, &se) && se.HTTPStatus == 429:
+		return sendResult{kind: sendRateLimited, retryAfter: se.RetryAfter}
+	}
+	return sendResult{kind: sendFailed, err: fmt.Errorf("send report %s: %w", o.report.Key(), o.err)}
+}
+
+// verdict is what a round means for the job: go on (zero), fail the
+// attempt (err), or snooze without spending one (snooze; jitter asks for
+// a random spread of about half of it on either side).
+type verdict struct {
+	err    error
+	snooze time.Duration
+	jitter bool
+}
+
+// decide combines the outcomes of one round. A real failure decides over a
+// 429, and a 429 over a busy refusal, so a failing report spends its
+// attempts while a rate limit or a hanging customer only snoozes. A 429
+// waits at least the first backoff step.
+func decide(rs []sendResult) verdict {
+	var limited, busy time.Duration
+	var isLimited, isBusy bool
+	for _, r := range rs {
+		switch r.kind {
+		case sendFailed:
+			return verdict{err: r.err}
+		case sendRateLimited:
+			isLimited, limited = true, max(limited, r.retryAfter)
+		case sendBusy:
+			isBusy, busy = true, max(busy, r.retryAfter)
+		}
+	}
+	switch {
+	case isLimited:
+		return verdict{snooze: max(limited, minRateLimitWait)}
+	case isBusy:
+		return verdict{snooze: max(busy, time.Millisecond), jitter: true}
+	}
+	return verdict{}
+}
+
+// minRateLimitWait is the shortest snooze after a 429.
+const minRateLimitWait = time.Second

@@ -6,35 +6,36 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/usagelog"
 )
 
-// sweepBatchSize bounds each read of the pending index and each batch
-// insert of jobs.
+// sweepBatchSize bounds each read of reports past the window.
 const sweepBatchSize = 1000
 
-// Sweeper is the periodic safety net of reporting. It parks pending logs
-// whose first send is past Stripe's idempotency window (needs_review: a
-// resend could bill twice), then requeues every other log still pending
-// after the grace period — a job lost, discarded after its last attempt, or
-// never run. The requeued job carries only the log id, so its sends carry
-// the same keys as every earlier attempt. A log with a live job is skipped
-// by River's unique insert.
+// Sweeper is the periodic safety net of reporting. It parks open reports
+// whose first send is past Stripe's idempotency window (their logs become
+// needs_review: a resend could bill twice), then queues the report job of
+// every tenant with a log still pending after the grace period — a job
+// lost, discarded after its last attempt, or never run. That job sends the
+// tenant's open reports again with their own members, value and key, and
+// forms new reports of the logs in none yet. A tenant whose job is already
+// queued for this interval is skipped by River's unique insert.
 type Sweeper struct {
 	river.WorkerDefaults[outbox.SweepArgs]
-	pool        *pgxpool.Pool
-	window      windowGuard
-	grace       time.Duration
-	maxAttempts int
-	logger      *slog.Logger
+	store    *usagelog.Store
+	guard    usagelog.Guard
+	grace    time.Duration
+	inserter *outbox.Inserter
+	logger   *slog.Logger
 }
 
-// SweepResult counts what one sweep did.
+// SweepResult counts what one sweep did: logs parked, tenants whose report
+// job was queued, and tenants whose job was already queued.
 type SweepResult struct {
 	Parked, Requeued, Skipped int
 }
@@ -46,7 +47,7 @@ func (s *Sweeper) Work(ctx context.Context, _ *river.Job[outbox.SweepArgs]) erro
 		return err
 	}
 	if res.Parked+res.Requeued > 0 {
-		s.logger.InfoContext(ctx, "sweep", "needs_review", res.Parked, "requeued", res.Requeued, "skipped_live_job", res.Skipped)
+		s.logger.InfoContext(ctx, "sweep", "needs_review", res.Parked, "requeued_tenants", res.Requeued, "skipped_live_job", res.Skipped)
 	}
 	return nil
 }
@@ -55,73 +56,41 @@ func (s *Sweeper) Work(ctx context.Context, _ *river.Job[outbox.SweepArgs]) erro
 func (s *Sweeper) Sweep(ctx context.Context, client *river.Client[pgx.Tx]) (SweepResult, error) {
 	var res SweepResult
 	for {
-		ids, err := s.ids(ctx, `SELECT id FROM usage_logs WHERE billing_status = 'pending'
-			AND first_attempt_at < now() - make_interval(secs => $1) LIMIT $2`, s.window.cutoff().Seconds(), sweepBatchSize)
+		reports, err := s.store.ExpiredReports(ctx, s.guard, sweepBatchSize)
 		if err != nil {
 			return res, err
 		}
-		n, err := park(ctx, s.pool, s.window, ids)
-		if err != nil {
-			return res, err
+		for _, r := range reports {
+			n, err := s.store.Park(ctx, r, s.guard)
+			if err != nil {
+				return res, err
+			}
+			res.Parked += int(n)
 		}
-		res.Parked += int(n)
-		if len(ids) < sweepBatchSize {
+		if len(reports) < sweepBatchSize {
 			break
 		}
 	}
-
-	var afterAt time.Time
-	afterID := uuid.Nil
-	for {
-		rows, err := s.pool.Query(ctx, `SELECT id, created_at FROM usage_logs
-			WHERE billing_status = 'pending' AND created_at < now() - make_interval(secs => $1)
-				AND (created_at, id) > ($2, $3)
-			ORDER BY created_at, id LIMIT $4`, s.grace.Seconds(), afterAt, afterID, sweepBatchSize)
-		if err != nil {
-			return res, fmt.Errorf("read pending usage logs: %w", err)
-		}
-		var params []river.InsertManyParams
-		for rows.Next() {
-			if err := rows.Scan(&afterID, &afterAt); err != nil {
-				rows.Close()
-				return res, fmt.Errorf("read pending usage logs: %w", err)
-			}
-			opts := outbox.ReportArgs{}.InsertOpts()
-			opts.MaxAttempts = s.maxAttempts
-			params = append(params, river.InsertManyParams{Args: outbox.ReportArgs{UsageLogID: afterID}, InsertOpts: &opts})
-		}
-		if err := rows.Err(); err != nil {
-			return res, fmt.Errorf("read pending usage logs: %w", err)
-		}
-		if len(params) == 0 {
-			break
-		}
-		inserted, err := client.InsertMany(ctx, params)
-		if err != nil {
-			return res, fmt.Errorf("requeue report jobs: %w", err)
-		}
-		for _, r := range inserted {
-			if r.UniqueSkippedAsDuplicate {
-				res.Skipped++
-			} else {
-				res.Requeued++
-			}
-		}
-		if len(params) < sweepBatchSize {
-			break
+	tenants, err := s.store.TenantsPendingSince(ctx, s.grace)
+	if err != nil {
+		return res, err
+	}
+	if len(tenants) == 0 {
+		return res, nil
+	}
+	var inserted []*rivertype.JobInsertResult
+	if err := pgx.BeginFunc(ctx, s.store.Pool(), func(tx pgx.Tx) error {
+		inserted, err = s.inserter.InsertTenantReportsTx(ctx, tx, client, tenants)
+		return err
+	}); err != nil {
+		return res, fmt.Errorf("requeue report jobs: %w", err)
+	}
+	for _, r := range inserted {
+		if r.UniqueSkippedAsDuplicate {
+			res.Skipped++
+		} else {
+			res.Requeued++
 		}
 	}
 	return res, nil
-}
-
-func (s *Sweeper) ids(ctx context.Context, query string, args ...any) ([]uuid.UUID, error) {
-	rows, err := s.pool.Query(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("sweep: %w", err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, fmt.Errorf("sweep: %w", err)
-	}
-	return ids, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/usagelog"
 	"github.com/overage-billing/overage/webhooks"
 )
 
@@ -33,6 +34,12 @@ type Config struct {
 	SweepInterval, SweepGrace time.Duration
 	// MaxAttempts is River's attempt count per report job.
 	MaxAttempts int
+	// BatchDelay is how long a report gathers pending logs before it is
+	// sent (REPORT_BATCH_DELAY): the period of the report jobs the sweep
+	// queues. Ingest's outbox.Inserter must use the same.
+	BatchDelay time.Duration
+	// BatchMax is the most usage logs in one report (REPORT_BATCH_MAX).
+	BatchMax int
 	// ReportWorkers is how many report jobs run at once in this process.
 	ReportWorkers int
 	// JobTimeout bounds one report job run. A job left running by a
@@ -59,14 +66,15 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 		return nil, errors.New("workers: a Stripe sender is required")
 	}
 	cfg = cfg.withDefaults()
-	guard := guardFor(cfg)
+	guard := usagelog.GuardFor(cfg.IdempotencyWindow)
+	store := usagelog.New(pool)
 
 	ws := river.NewWorkers()
 	if err := river.AddWorkerSafely(ws, &IdempotencyReaper{pool: pool, logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("add idempotency reaper: %w", err)
 	}
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
-		pool: pool, stripe: cfg.Stripe, window: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout,
+		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
 		meters: map[overage.Dimension]string{overage.DimensionInput: cfg.MeterInputEvent, overage.DimensionOutput: cfg.MeterOutputEvent},
 	}); err != nil {
 		return nil, fmt.Errorf("add report worker: %w", err)
@@ -82,7 +90,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 		Workers:       ws,
 		MaxAttempts:   cfg.MaxAttempts,
 		FetchCooldown: cfg.FetchCooldown,
-		JobTimeout:    cfg.JobTimeout,
+		// A report job becomes due at the end of its batch period without
+		// a notification (outbox.makeDue): poll often enough that it runs
+		// then, not up to a second later.
+		FetchPollInterval: max(cfg.FetchCooldown, 100*time.Millisecond),
+		JobTimeout:        cfg.JobTimeout,
 		// River's default rescues a job left running by a killed process
 		// only after an hour; a report job is bounded by JobTimeout, so
 		// anything running for twice that belongs to a dead process (or a
@@ -156,6 +168,10 @@ func (cfg Config) withDefaults() Config {
 	def(&cfg.SweepInterval, 10*time.Minute)
 	def(&cfg.SweepGrace, 10*time.Minute)
 	def(&cfg.JobTimeout, time.Minute)
+	def(&cfg.BatchDelay, outbox.DefaultBatchDelay)
+	if cfg.BatchMax == 0 {
+		cfg.BatchMax = 10000
+	}
 	// River's default (100 ms) caps how fast freed report slots refill.
 	def(&cfg.FetchCooldown, 25*time.Millisecond)
 	if cfg.MaxAttempts == 0 {
@@ -173,12 +189,10 @@ func (cfg Config) withDefaults() Config {
 	return cfg
 }
 
-func guardFor(cfg Config) windowGuard {
-	return windowGuard{window: cfg.IdempotencyWindow, margin: marginFor(cfg.IdempotencyWindow)}
-}
-
 func newSweeper(pool *pgxpool.Pool, cfg Config) *Sweeper {
-	return &Sweeper{pool: pool, window: guardFor(cfg), grace: cfg.SweepGrace, maxAttempts: cfg.MaxAttempts, logger: cfg.Logger}
+	return &Sweeper{store: usagelog.New(pool), guard: usagelog.GuardFor(cfg.IdempotencyWindow), grace: cfg.SweepGrace,
+		// The sweep inserts with the River client it runs under.
+		inserter: outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay), logger: cfg.Logger}
 }
 
 // NewSweeper returns the sweep on its own, for running one by hand.

@@ -33,11 +33,11 @@ import (
 func main() {
 	dbURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "migrated, empty benchmark database")
 	bin := flag.String("bin", "./bin/overage", "the overage binary")
-	logs := flag.Int("logs", 50000, "pending usage logs to drain")
-	tenants := flag.Int("tenants", 200, "tenants (Stripe customers) the logs spread over")
+	logs := flag.Int("logs", 200000, "pending usage logs to drain")
+	tenants := flag.Int("tenants", 100, "tenants (Stripe customers) the logs spread over")
 	latency := flag.Duration("latency", 5*time.Millisecond, "emulator latency per call")
 	workers := flag.Int("workers", 200, "REPORT_WORKERS of the work process")
-	rateLimit := flag.Int("rate-limit", 5000, "STRIPE_RATE_LIMIT of the work process")
+	rateLimit := flag.Int("rate-limit", 1000, "STRIPE_RATE_LIMIT of the work process; the emulator enforces Stripe's 1,000/s per account")
 	hang := flag.Int("hang", 0, "customers whose calls never get an answer; the drain ends when everyone else's logs are billed")
 	flag.Parse()
 	if err := run(*dbURL, *bin, *logs, *tenants, *latency, *workers, *rateLimit, *hang); err != nil {
@@ -97,10 +97,29 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'").Scan(&billed); err != nil {
 		return err
 	}
-	calls := len(emu.Requests())
+	reqs := emu.Requests()
+	calls := len(reqs)
+	// Calls per second: the mean over the drain, and the busiest second.
+	perSecond := map[int64]int{}
+	limited := 0
+	for _, r := range reqs {
+		perSecond[r.ReceivedAt.Unix()]++
+		if r.Outcome == emulator.OutcomeRateLimited || r.Outcome == emulator.OutcomeConcurrentRateLimit {
+			limited++
+		}
+	}
+	peak := 0
+	for _, n := range perSecond {
+		peak = max(peak, n)
+	}
+	var reports int
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_reports").Scan(&reports); err != nil {
+		return err
+	}
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"logs": logs, "billed": billed, "meter_event_calls": calls, "seconds": elapsed.Seconds(),
-		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls) / elapsed.Seconds(),
+		"logs": logs, "tenants": tenants, "billed": billed, "reports": reports, "meter_event_calls": calls, "seconds": elapsed.Seconds(),
+		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls) / elapsed.Seconds(), "calls_peak_per_s": peak,
+		"calls_refused_429": limited,
 		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers, "hanging_customers": hang,
 	})
 }
@@ -123,10 +142,9 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 	if err != nil {
 		return err
 	}
-	// Jobs in arrival order, tenants interleaved as live traffic is: a
-	// backlog grouped by tenant would only measure Stripe's rule of one
-	// concurrent call per customer and meter.
-	rows, err := pool.Query(ctx, "SELECT id FROM usage_logs ORDER BY substr(user_id, 2)::int")
+	// One report job per tenant, as ingest queues them: each forms the
+	// tenant's reports of up to REPORT_BATCH_MAX logs.
+	rows, err := pool.Query(ctx, "SELECT id FROM tenants")
 	if err != nil {
 		return err
 	}
@@ -134,15 +152,8 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 	if err != nil {
 		return err
 	}
-	for i := 0; i < len(ids); i += 5000 {
-		var params []river.InsertManyParams
-		for _, id := range ids[i:min(i+5000, len(ids))] {
-			opts := outbox.ReportArgs{}.InsertOpts()
-			params = append(params, river.InsertManyParams{Args: outbox.ReportArgs{UsageLogID: id}, InsertOpts: &opts})
-		}
-		if _, err := rc.InsertMany(ctx, params); err != nil {
-			return err
-		}
-	}
-	return nil
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := outbox.NewInserter(rc, 5).InsertTenantReportsTx(ctx, tx, rc, ids)
+		return err
+	})
 }

@@ -121,7 +121,9 @@ func TestChaos(t *testing.T) {
 			defer wg.Done()
 			for i := range work {
 				tn := tenantList[i%len(tenantList)]
-				body := fmt.Sprintf(`{"request_id":"req-%d","user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, i, i%7, 500+i%900, 100+i%300)
+				// Three UTC days of usage: reports never span two.
+				ts := time.Now().UTC().Add(-time.Minute - time.Duration(i%3)*24*time.Hour).Format(time.RFC3339)
+				body := fmt.Sprintf(`{"request_id":"req-%d","timestamp":"%s","user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, i, ts, i%7, 500+i%900, 100+i%300)
 				for _, key := range []string{fmt.Sprintf("key-%d", i), fmt.Sprintf("key-%d", i), fmt.Sprintf("other-%d", i)}[:1+i%3] {
 					status := postEvent(t, srv.Addr(), tn.APIKey, key, body)
 					if status != http.StatusAccepted && status != http.StatusOK {
@@ -167,6 +169,8 @@ func TestChaos(t *testing.T) {
 		"REPORT_JOB_TIMEOUT=3s",
 		"REPORT_MAX_ATTEMPTS=3",
 		"REPORT_WORKERS=20",
+		// Small reports: many of them, so the kills land among them.
+		"REPORT_BATCH_MAX=10",
 		"LOG_LEVEL=warn",
 	)
 	startWorker := func(extraEnv ...string) (*exec.Cmd, *syncbuf.Buffer) {
@@ -189,16 +193,44 @@ func TestChaos(t *testing.T) {
 		}
 	}
 
-	// Kill -9 twice while it drains.
-	for _, fraction := range []int{4, 2} {
-		cmd, stderr := startWorker()
-		waitBilled(billable/fraction, 2*time.Minute)
-		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
+	// Kill -9 between send and commit: Stripe has applied a report (its
+	// answer held back a while) that PostgreSQL still holds open. Its
+	// resend after the restart must carry the same key and be replayed.
+	faults := emu.Faults()
+	slow := faults
+	slow.AnswerDelay = 500 * time.Millisecond
+	emu.SetFaults(slow)
+	cmd, stderr := startWorker()
+	var caught string
+	deadline := time.Now().Add(2 * time.Minute)
+	for caught == "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("no report applied at Stripe and open in PostgreSQL within 2 minutes; worker stderr:\n%s", tail(stderr.String(), 20))
 		}
-		_ = cmd.Wait()
-		t.Logf("killed the worker with %d of %d billable logs billed; its stderr:\n%s", count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'"), billable, tail(stderr.String(), 5))
+		for _, e := range emu.Events() {
+			if count(`SELECT count(*) FROM usage_reports WHERE state = 'open'
+				AND 'usage-log:' || lead_usage_log_id || ':' || dimension = '`+e.Identifier+`'`) == 1 {
+				caught = e.Identifier
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	emu.SetFaults(faults)
+	t.Logf("killed the worker between send and commit of %s", caught)
+
+	// And once more halfway through.
+	cmd, stderr = startWorker()
+	waitBilled(billable/2, 2*time.Minute)
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	t.Logf("killed the worker with %d of %d billable logs billed; its stderr:\n%s", count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'"), billable, tail(stderr.String(), 5))
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -206,8 +238,8 @@ func TestChaos(t *testing.T) {
 	}
 	healthAddr := ln.Addr().String()
 	_ = ln.Close()
-	cmd, stderr := startWorker("WORK_LISTEN_ADDR=" + healthAddr)
-	deadline := time.Now().Add(4 * time.Minute)
+	cmd, stderr = startWorker("WORK_LISTEN_ADDR=" + healthAddr)
+	deadline = time.Now().Add(4 * time.Minute)
 	for count("SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'") > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("logs still pending after 4 minutes; worker stderr:\n%s", tail(stderr.String(), 20))
@@ -252,9 +284,38 @@ func TestChaos(t *testing.T) {
 	}
 	billingtest.RequireStripeMatchesBilled(t, pool, emu)
 	want := billingtest.BilledTotals(t, pool)
+	var resent bool
+	for _, r := range emu.Requests() {
+		resent = resent || (r.IdempotencyKey == caught && (r.Outcome == emulator.OutcomeReplayed || r.Outcome == emulator.OutcomeAlreadyExists))
+	}
+	if !resent || emu.AppliedCount(caught) != 1 {
+		t.Fatalf("the report caught between send and commit (%s): resent %v, applied %d times", caught, resent, emu.AppliedCount(caught))
+	}
+	var reports int
+	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM usage_reports").Scan(&reports); err != nil || reports < 2*len(tenantList) {
+		t.Fatalf("%d reports (%v)", reports, err)
+	}
+
+	// Reconciliation per customer, meter and UTC day agrees with Stripe.
+	// Today's window is still open (too recent to judge): the two days
+	// before it are complete.
+	from, to := time.Now().UTC().AddDate(0, 0, -2).Format("2006-01-02"), time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02")
+	time.Sleep(5 * time.Millisecond) // past the settle cutoff below
+	out, _, err := runCmd(t, map[string]string{"DATABASE_URL": dbURL, "STRIPE_SECRET_KEY": "sk_test_123", "STRIPE_API_BASE": stripeURL},
+		"reconcile", "--from", from, "--to", to, "--settle-after", "1ms", "--json")
+	if err != nil {
+		t.Fatalf("reconcile after the chaos run: %v\n%s", err, out)
+	}
+	var rec struct{ Matches, Differences, TooRecent int }
+	days := count(`SELECT coalesce(sum((i > 0)::int + (o > 0)::int), 0) FROM (SELECT sum(u.overage_input_tokens) i, sum(u.overage_output_tokens) o
+		FROM usage_logs u WHERE u.billing_status = 'billed' AND (u.ts AT TIME ZONE 'UTC')::date < (now() AT TIME ZONE 'UTC')::date
+		GROUP BY u.tenant_id, (u.ts AT TIME ZONE 'UTC')::date) x`)
+	if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.Differences != 0 || rec.TooRecent != 0 || rec.Matches != days || days < len(tenantList) {
+		t.Fatalf("reconcile after the chaos run: %+v (%v), want %d customer x meter x day matches\n%s", rec, err, days, tail(out, 30))
+	}
 
 	// The finance view agrees with the rows.
-	out, _, err := runCmd(t, map[string]string{"DATABASE_URL": dbURL}, "status", "--json")
+	out, _, err = runCmd(t, map[string]string{"DATABASE_URL": dbURL}, "status", "--json")
 	if err != nil {
 		t.Fatal(err)
 	}

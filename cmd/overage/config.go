@@ -29,6 +29,8 @@ type Config struct {
 	ReportMaxAttempts       int
 	ReportWorkers           int
 	ReportJobTimeout        time.Duration
+	ReportBatchDelay        time.Duration
+	ReportBatchMax          int
 	AdminToken              string
 	LogLevel                slog.Level
 }
@@ -120,6 +122,8 @@ func readConfig(getenv func(string) string) (*Config, badVars) {
 	c.ReportMaxAttempts = num("REPORT_MAX_ATTEMPTS", 5)
 	c.ReportWorkers = num("REPORT_WORKERS", 200)
 	c.ReportJobTimeout = dur("REPORT_JOB_TIMEOUT", time.Minute)
+	c.ReportBatchDelay = dur("REPORT_BATCH_DELAY", time.Second)
+	c.ReportBatchMax = num("REPORT_BATCH_MAX", 10000)
 	c.AdminToken = getenv("ADMIN_TOKEN")
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {

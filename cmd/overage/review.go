@@ -101,7 +101,7 @@ func cmdReviewResolve(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("river client: %w", err)
 	}
-	res, err := review.NewResolver(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts)).Resolve(ctx, p)
+	res, err := review.NewResolver(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay)).Resolve(ctx, p)
 	if err != nil {
 		return fmt.Errorf("review resolve: %w", err)
 	}

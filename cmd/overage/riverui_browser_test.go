@@ -93,7 +93,7 @@ func TestRiverUIOpensInABrowser(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/riverui/jobs?state=available")); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "River UI to list the report job", 30*time.Second, shows(`document.body.innerText.includes("overage.report_usage")`))
+	poll.Until(t, "River UI to list the report job", 30*time.Second, shows(`document.body.innerText.includes("overage.report_tenant")`))
 	c := sessionCookie(t, ctx, base)
 	if c == nil || !c.Secure || !c.HTTPOnly || c.SameSite != network.CookieSameSiteStrict || c.Path != "/riverui" || strings.Contains(c.Value, adminToken) {
 		t.Fatalf("session cookie %+v: want Secure, HttpOnly, SameSite=Strict, Path=/riverui, without the token", c)

@@ -131,7 +131,7 @@ func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger)
 		_ = ln.Close()
 		return nil, fmt.Errorf("river ui: %w", err)
 	}
-	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts))
+	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay))
 	handler := api.NewRouter(api.Config{
 		DB:     pool,
 		Logger: logger,

@@ -73,7 +73,9 @@ func TestWorkShutdownWithReportsInFlight(t *testing.T) {
 	}
 	t.Cleanup(emu.Close)
 	env := []string{"DATABASE_URL=" + dbURL + "&pool_max_conns=10", "STRIPE_SECRET_KEY=sk_test_123", "STRIPE_API_BASE=" + stripeURL,
-		"SWEEP_INTERVAL=1s", "SWEEP_GRACE=2s", "REPORT_JOB_TIMEOUT=5s", "REPORT_WORKERS=8"}
+		"SWEEP_INTERVAL=1s", "SWEEP_GRACE=2s", "REPORT_JOB_TIMEOUT=5s", "REPORT_WORKERS=8",
+		// Small reports, so several are in flight when the stop comes.
+		"REPORT_BATCH_MAX=5"}
 	work := startChild(t, "work", env...)
 	poll.Until(t, "reports in flight at Stripe", time.Minute, func() bool { return len(emu.Events()) >= 4 && emu.InFlight() > 0 })
 	err, took := work.stop(t, time.Minute)

@@ -92,6 +92,8 @@ func newWorkers(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger, reg promet
 		MaxAttempts:       cfg.ReportMaxAttempts,
 		ReportWorkers:     cfg.ReportWorkers,
 		JobTimeout:        cfg.ReportJobTimeout,
+		BatchDelay:        cfg.ReportBatchDelay,
+		BatchMax:          cfg.ReportBatchMax,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)

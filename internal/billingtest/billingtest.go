@@ -7,10 +7,12 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/stripeclient/emulator"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Meter event names the tests run with (the defaults).
@@ -24,7 +26,7 @@ const (
 func BilledTotals(t testing.TB, pool *pgxpool.Pool) map[emulator.AppliedKey]int64 {
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.billing_status = 'billed' GROUP BY 1`)
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.billing_status = $1 GROUP BY 1`, usagelog.StatusBilled)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,6 +63,18 @@ func RequireStripeMatchesBilled(t testing.TB, pool *pgxpool.Pool, emu *emulator.
 	for _, e := range emu.Events() {
 		if n := emu.AppliedCount(e.Identifier); n != 1 {
 			t.Fatalf("identifier %s applied %d times", e.Identifier, n)
+		}
+		// Every event Stripe took is one accepted report, with the value
+		// and timestamp committed for it before its first send.
+		var value int64
+		var ts time.Time
+		var state string
+		if err := pool.QueryRow(context.Background(), `SELECT value, ts, state FROM usage_reports
+			WHERE 'usage-log:' || lead_usage_log_id || ':' || dimension = $1`, e.Identifier).Scan(&value, &ts, &state); err != nil {
+			t.Fatalf("Stripe applied %s, which is no report: %v", e.Identifier, err)
+		}
+		if value != e.Value || !ts.Truncate(time.Second).Equal(e.Timestamp.Truncate(time.Second)) || state != string(usagelog.ReportAccepted) {
+			t.Fatalf("Stripe applied %s with value %d at %s; its report has %d at %s and is %s", e.Identifier, e.Value, e.Timestamp, value, ts, state)
 		}
 	}
 }

@@ -64,6 +64,9 @@ type Options struct {
 	// Tenants to create; a tenant without a name is named after its
 	// customer.
 	Tenants []tenants.CreateParams
+	// BatchDelay is REPORT_BATCH_DELAY of ingest's and the workers' report
+	// jobs (default 200 ms, so tests wait little for a report).
+	BatchDelay time.Duration
 }
 
 // World is one test's billing world.
@@ -74,6 +77,8 @@ type World struct {
 	River   *river.Client[pgx.Tx] // insert-only, as `overage serve` has
 	Ingest  *ingest.Service
 	Tenants map[string]*tenants.Created // by Stripe customer id
+	// BatchDelay is the report jobs' REPORT_BATCH_DELAY.
+	BatchDelay time.Duration
 }
 
 // New builds a World that lives until t ends.
@@ -100,8 +105,12 @@ func New(t *testing.T, opts Options) *World {
 	if opts.IngestMaxAttempts == 0 {
 		opts.IngestMaxAttempts = 5
 	}
-	w := &World{Pool: pool, Emu: emu, Stripe: sc, River: rc,
-		Ingest: ingest.NewService(pool, outbox.NewInserter(rc, opts.IngestMaxAttempts)), Tenants: map[string]*tenants.Created{}}
+	if opts.BatchDelay == 0 {
+		opts.BatchDelay = 200 * time.Millisecond
+	}
+	w := &World{Pool: pool, Emu: emu, Stripe: sc, River: rc, BatchDelay: opts.BatchDelay,
+		Ingest:  ingest.NewService(pool, outbox.NewInserter(rc, opts.IngestMaxAttempts).WithBatchDelay(opts.BatchDelay)),
+		Tenants: map[string]*tenants.Created{}}
 	for _, p := range opts.Tenants {
 		if p.Name == "" {
 			p.Name = "tenant " + p.StripeCustomerID
@@ -127,6 +136,9 @@ func (w *World) Record(t testing.TB, customer string, in, out int64) uuid.UUID {
 func (w *World) Start(t *testing.T, cfg workers.Config) (stop func()) {
 	t.Helper()
 	cfg.Stripe = w.Stripe
+	if cfg.BatchDelay == 0 {
+		cfg.BatchDelay = w.BatchDelay
+	}
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -39,6 +39,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Faults are the injected failures. Rates are probabilities in [0, 1],
@@ -57,6 +59,11 @@ type Faults struct {
 	// Latency is added to every meter-event request while it holds its
 	// (customer, event name) slot.
 	Latency time.Duration `json:"latency"`
+	// AnswerDelay holds the answer of an applied event this long after it
+	// was applied and saved: the window in which a client that dies has
+	// had its event applied without learning it (a kill -9 between send
+	// and commit).
+	AnswerDelay time.Duration `json:"answer_delay"`
 	// BlackholeCustomers never get an answer: the request is held until
 	// the client gives up or the emulator closes, and nothing is applied.
 	BlackholeCustomers []string `json:"blackhole_customers,omitempty"`
@@ -87,6 +94,12 @@ type Options struct {
 	// Meters are event names that have a meter from the start. A meter is
 	// also created for every event name seen.
 	Meters []string
+	// RateLimit is each account's limit of meter event calls per second,
+	// as Stripe's live mode enforces it: a call above it gets 429
+	// rate_limit before anything else is checked. 0 means
+	// DefaultRateLimit; negative means no limit. Bursts of a tenth of a
+	// second's worth are allowed, as a token bucket does.
+	RateLimit float64
 	// Now is the emulator's clock (default time.Now), for tests of the
 	// TTLs and timestamp bounds.
 	Now func() time.Time
@@ -94,10 +107,12 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Default TTLs, Stripe's documented windows.
+// Default TTLs, Stripe's documented windows, and Stripe's live-mode limit
+// of meter event calls per second and account.
 const (
 	DefaultKeyTTL        = 24 * time.Hour
 	DefaultIdentifierTTL = 24 * time.Hour
+	DefaultRateLimit     = 1000.0
 )
 
 // Outcomes recorded in Request.Outcome.
@@ -110,6 +125,7 @@ const (
 	OutcomeIdempotencyError    = "idempotency_error"
 	OutcomeKeyInUse            = "idempotency_key_in_use"
 	OutcomeConcurrentRateLimit = "concurrent_rate_limited"
+	OutcomeRateLimited         = "rate_limited" // above the account's calls per second
 	OutcomeFaultServerError    = "fault_500"
 	OutcomeFaultRateLimit      = "fault_429"
 	OutcomeBlackholed          = "blackholed"
@@ -166,6 +182,10 @@ type Emulator struct {
 
 	closed    chan struct{}
 	closeOnce sync.Once
+
+	rateLimit float64
+	limitMu   sync.Mutex
+	limiters  map[string]*rate.Limiter // by account
 
 	faultMu   sync.Mutex
 	faults    Faults
@@ -232,6 +252,11 @@ func New(opts Options) *Emulator {
 		meters:        make(map[string]*meter),
 		meterIDs:      make(map[string]*meter),
 		failCustomers: make(map[string]string),
+		rateLimit:     opts.RateLimit,
+		limiters:      make(map[string]*rate.Limiter),
+	}
+	if e.rateLimit == 0 {
+		e.rateLimit = DefaultRateLimit
 	}
 	if e.keyTTL <= 0 {
 		e.keyTTL = DefaultKeyTTL
@@ -449,6 +474,12 @@ func (e *Emulator) drawFaults(customer string) (serverError, rateLimit, lose, bl
 		e.blackhole[customer], e.faults.Latency
 }
 
+func (e *Emulator) answerDelay() time.Duration {
+	e.faultMu.Lock()
+	defer e.faultMu.Unlock()
+	return e.faults.AnswerDelay
+}
+
 func (e *Emulator) newRequestID() string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -496,4 +527,20 @@ func (e *Emulator) finish(rec *Request, status int, outcome string) {
 		slog.String("method", rec.Method), slog.String("path", rec.Path),
 		slog.String("idempotency_key", rec.IdempotencyKey), slog.Int("status", status),
 		slog.String("outcome", outcome))
+}
+
+// allowCall spends one of the account's calls of this second; false means
+// the account is above its rate limit.
+func (e *Emulator) allowCall(account string) bool {
+	if e.rateLimit < 0 {
+		return true
+	}
+	e.limitMu.Lock()
+	defer e.limitMu.Unlock()
+	l, ok := e.limiters[account]
+	if !ok {
+		l = rate.NewLimiter(rate.Limit(e.rateLimit), max(1, int(e.rateLimit/10)))
+		e.limiters[account] = l
+	}
+	return l.AllowN(e.now(), 1)
 }

@@ -620,3 +620,52 @@ func TestUnknownRoute(t *testing.T) {
 		t.Errorf("type %q", typ)
 	}
 }
+
+// Stripe's live mode takes at most RateLimit meter event calls per second
+// per account: a token bucket holding a tenth of a second's worth. Above
+// it the answer is 429 rate_limit and nothing is applied or saved; another
+// account is unaffected; the bucket refills with time.
+func TestAccountRateLimit(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	h := start(t, emulator.Options{RateLimit: 20, Now: clock}) // 2 calls per 100 ms
+	var statuses []int
+	for i := range 5 {
+		a := h.post(fmt.Sprintf("rl-%d", i), meterForm(fmt.Sprintf("cus_rl%d", i), fmt.Sprintf("rl-%d", i), 1))
+		statuses = append(statuses, a.status)
+		if a.status == http.StatusTooManyRequests {
+			if _, code, _, _ := a.apiError(t); code != "rate_limit" {
+				t.Fatalf("429 with code %q, want rate_limit", code)
+			}
+		}
+	}
+	if fmt.Sprint(statuses) != "[200 200 429 429 429]" {
+		t.Fatalf("statuses %v, want two calls through and the rest limited", statuses)
+	}
+	if n := len(h.emu.Events()); n != 2 {
+		t.Fatalf("%d events applied, want 2", n)
+	}
+	limited := 0
+	for _, r := range h.emu.Requests() {
+		if r.Outcome == emulator.OutcomeRateLimited {
+			limited++
+		}
+	}
+	if limited != 3 {
+		t.Fatalf("%d requests recorded as rate limited, want 3", limited)
+	}
+	// Another account has its own bucket.
+	if a := h.do(context.Background(), "sk_test_other", "rl-other", meterForm("cus_rl0", "rl-other", 1)); a.status != http.StatusOK {
+		t.Fatalf("another account's call: %d %s", a.status, a.body)
+	}
+	// A limited call saved nothing under its key: retried after the bucket
+	// refills, it is applied.
+	mu.Lock()
+	now = now.Add(100 * time.Millisecond)
+	mu.Unlock()
+	if a := h.post("rl-2", meterForm("cus_rl2", "rl-2", 1)); a.status != http.StatusOK || a.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after the refill: %d %s", a.status, a.body)
+	}
+}

@@ -41,12 +41,19 @@ type meterEventJSON struct {
 }
 
 // handleMeterEvent implements POST /v1/billing/meter_events. The order of
-// checks follows what Stripe documents: faults of the infrastructure first,
+// checks follows what Stripe documents: the account's rate limit and faults
+// of the infrastructure first,
 // then the idempotency layer (replay, mismatch, in flight), then validation
 // (whose failures are not saved under the key), the per-customer concurrency
 // limit, and finally the endpoint itself, whose result is saved.
 func (e *Emulator) handleMeterEvent(w http.ResponseWriter, r *http.Request, rec *Request, account string, form url.Values, perr *apiError) {
 	ctx := r.Context()
+	if !e.allowCall(account) {
+		e.reply(w, rec, &apiError{status: http.StatusTooManyRequests, Type: "invalid_request_error", Code: "rate_limit",
+			Message: "Request rate limit exceeded. Learn more about rate limits here https://stripe.com/docs/rate-limits.",
+			outcome: OutcomeRateLimited})
+		return
+	}
 
 	serverError, rateLimit, lose, blackhole, latency := e.drawFaults(form.Get("payload[stripe_customer_id]"))
 	switch {
@@ -203,6 +210,9 @@ func (e *Emulator) handleMeterEvent(w http.ResponseWriter, r *http.Request, rec 
 		}
 	}
 	e.mu.Unlock()
+	if outcome == OutcomeApplied {
+		e.wait(ctx, e.answerDelay()) // applied whether or not the client waits
+	}
 
 	if outcome == OutcomeApplied && lose {
 		e.finish(rec, 0, OutcomeLostResponse)

@@ -38,6 +38,7 @@ func run(args []string) error {
 	serverErr := fs.Float64("5xx", 0, "fraction of meter event requests answered 500 before applying")
 	rateLimit := fs.Float64("429", 0, "fraction of meter event requests answered 429 before applying")
 	latency := fs.Duration("latency", 0, "delay added to every meter event request")
+	callsPerSecond := fs.Float64("rate-limit", emulator.DefaultRateLimit, "meter event calls per second per account; above it 429 (Stripe's live-mode limit); negative: none")
 	blackhole := fs.String("blackhole", "", "comma-separated customers whose requests never get an answer")
 	apiKey := fs.String("api-key", "", "the only secret key accepted (default: any sk_ or rk_ key)")
 	keyTTL := fs.Duration("key-ttl", emulator.DefaultKeyTTL, "how long idempotency keys are remembered")
@@ -66,6 +67,7 @@ func run(args []string) error {
 		},
 		KeyTTL:        *keyTTL,
 		IdentifierTTL: *idTTL,
+		RateLimit:     *callsPerSecond,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 	}
 	if *blackhole != "" {

@@ -1,0 +1,202 @@
+package usagelog
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+)
+
+// FormParams forms the next reports of a tenant.
+type FormParams struct {
+	TenantID uuid.UUID
+	// MaxLogs bounds the usage logs gathered by one call (REPORT_BATCH_MAX);
+	// a report never has more members.
+	MaxLogs int
+	Lease   time.Duration
+	Guard   Guard
+}
+
+// maxSingleLogReports bounds the per-log reports one call forms for logs
+// first sent before reports existed (see Form).
+const maxSingleLogReports = 100
+
+type candidate struct {
+	id              uuid.UUID
+	ts, period      time.Time
+	overage         overage.Overage
+	need            map[overage.Dimension]bool
+	firstAttemptAt  *time.Time
+	singleLogReport bool
+}
+
+type groupKey struct {
+	d      overage.Dimension
+	period time.Time
+	day    time.Time
+	// single is the log of a report of its own, else uuid.Nil.
+	single uuid.UUID
+}
+
+// Form gathers the tenant's oldest pending usage logs that are in no report
+// yet for a dimension with overage — at most MaxLogs of them, locked with
+// FOR UPDATE SKIP LOCKED so two jobs of one tenant never take the same log —
+// and forms one report per (dimension, allowance period, UTC day), in one
+// transaction committed before anything is sent. The lead of each report is
+// its oldest member. A report summing to zero is accepted at once (nothing
+// is owed, nothing is sent). It returns the open reports, leased to the
+// caller; none when nothing is left to form.
+//
+// A log whose first send happened before reports existed (first_attempt_at
+// set, in no report) forms a report of its own: its lead is itself, so the
+// report carries exactly the key and value of that earlier send and Stripe
+// deduplicates it, and the window counts from that first attempt.
+func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
+	var out []Report
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		cands, err := lockCandidates(ctx, tx, p.TenantID, p.MaxLogs)
+		if err != nil || len(cands) == 0 {
+			return err
+		}
+		groups := map[groupKey][]*candidate{}
+		var order []groupKey
+		singles := 0
+		for _, c := range cands {
+			if c.singleLogReport {
+				if singles >= maxSingleLogReports {
+					continue // left for the next call
+				}
+				singles++
+			}
+			for _, d := range overage.Dimensions {
+				if !c.need[d] {
+					continue
+				}
+				k := groupKey{d: d, period: c.period, day: c.ts.UTC().Truncate(24 * time.Hour)}
+				if c.singleLogReport {
+					k.single = c.id
+				}
+				if _, ok := groups[k]; !ok {
+					order = append(order, k)
+				}
+				groups[k] = append(groups[k], c)
+			}
+		}
+		leads := map[uuid.UUID]*[2]*uuid.UUID{}
+		var ids []uuid.UUID
+		for _, k := range order {
+			r, err := insertReport(ctx, tx, p, k, groups[k])
+			if err != nil {
+				return err
+			}
+			lead := r.Lead
+			for _, c := range groups[k] {
+				l, ok := leads[c.id]
+				if !ok {
+					l = &[2]*uuid.UUID{}
+					leads[c.id] = l
+					ids = append(ids, c.id)
+				}
+				l[dimIndex(k.d)] = &lead
+			}
+			out = append(out, r)
+		}
+		in, outLeads := make([]*uuid.UUID, len(ids)), make([]*uuid.UUID, len(ids))
+		for i, id := range ids {
+			in[i], outLeads[i] = leads[id][0], leads[id][1]
+		}
+		if _, err := tx.Exec(ctx, `UPDATE usage_logs u SET
+				input_report_lead = coalesce(v.inl, u.input_report_lead),
+				output_report_lead = coalesce(v.outl, u.output_report_lead),
+				first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now()
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[]) AS v (id, inl, outl)
+			WHERE u.id = v.id`, ids, in, outLeads); err != nil {
+			return fmt.Errorf("record report membership: %w", err)
+		}
+		open := out[:0]
+		var zero [2][][]uuid.UUID
+		for _, r := range out {
+			if r.State == ReportAccepted {
+				zero[dimIndex(r.Dimension)] = append(zero[dimIndex(r.Dimension)], r.Members)
+				continue
+			}
+			open = append(open, r)
+		}
+		out = open
+		_, err = acceptMembers(ctx, tx, zero)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("form reports of tenant %s: %w", p.TenantID, err)
+	}
+	return out, nil
+}
+
+func dimIndex(d overage.Dimension) int {
+	if d == overage.DimensionInput {
+		return 0
+	}
+	return 1
+}
+
+// lockCandidates reads and locks the tenant's oldest pending logs with a
+// dimension in no report yet, walking the (tenant_id, created_at) pending
+// index. Logs another transaction holds are skipped, not waited for.
+func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit int) ([]*candidate, error) {
+	const needIn = `(overage_input_tokens <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`
+	const needOut = `(overage_output_tokens <> 0 AND output_report_lead IS NULL AND output_accepted_at IS NULL)`
+	rows, err := tx.Query(ctx, `SELECT id, ts, period_start, overage_input_tokens, overage_output_tokens, `+needIn+`, `+needOut+`,
+			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL
+		FROM usage_logs
+		WHERE tenant_id = $1 AND billing_status = 'pending' AND (`+needIn+` OR `+needOut+`)
+		ORDER BY created_at, id LIMIT $2
+		FOR UPDATE SKIP LOCKED`, tenantID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("lock pending usage logs: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (*candidate, error) {
+		c := &candidate{need: map[overage.Dimension]bool{}}
+		var in, out bool
+		err := row.Scan(&c.id, &c.ts, &c.period, &c.overage.InputTokens, &c.overage.OutputTokens, &in, &out, &c.firstAttemptAt, &c.singleLogReport)
+		c.need[overage.DimensionInput], c.need[overage.DimensionOutput] = in, out
+		c.ts, c.period = c.ts.UTC(), c.period.UTC()
+		return c, err
+	})
+}
+
+func insertReport(ctx context.Context, tx pgx.Tx, p FormParams, k groupKey, members []*candidate) (Report, error) {
+	r := Report{Lead: members[0].id, Dimension: k.d, TenantID: p.TenantID, State: ReportOpen}
+	var first *time.Time
+	for _, c := range members {
+		r.Members = append(r.Members, c.id)
+		r.Value += c.overage.Of(k.d)
+		if c.ts.After(r.Timestamp) {
+			r.Timestamp = c.ts
+		}
+		if c.singleLogReport {
+			first = c.firstAttemptAt
+		}
+	}
+	r.Timestamp = r.Timestamp.UTC()
+	if r.Value == 0 {
+		r.State = ReportAccepted
+	}
+	var remaining float64
+	err := tx.QueryRow(ctx, `INSERT INTO usage_reports (lead_usage_log_id, dimension, tenant_id, period_start, usage_day, value, ts,
+			member_ids, state, first_attempt_at, lease_until, accepted_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, coalesce($10, now()),
+			CASE WHEN $9 = 'open' THEN now() + make_interval(secs => $11) END, CASE WHEN $9 = 'accepted' THEN now() END)
+		RETURNING first_attempt_at, extract(epoch FROM first_attempt_at + make_interval(secs => $12) - now())::float8`,
+		r.Lead, string(k.d), p.TenantID, k.period, k.day, r.Value, r.Timestamp, r.Members, string(r.State), first,
+		p.Lease.Seconds(), p.Guard.Cutoff().Seconds()).Scan(&r.FirstAttemptAt, &remaining)
+	if err != nil {
+		return r, fmt.Errorf("insert report %s: %w", r.Key(), err)
+	}
+	r.FirstAttemptAt = r.FirstAttemptAt.UTC()
+	r.Remaining = time.Duration(remaining * float64(time.Second))
+	return r, nil
+}

@@ -1,0 +1,400 @@
+// Package usagelog is the one owner of the usage-log billing state machine
+// and of the reports that carry usage logs to Stripe. Every transition of a
+// usage log's billing_status and of a report's state is a method here; the
+// workers, the sweep, operator review, the demo and the tests go through it,
+// and nothing else writes billing_status (ingest inserts a log as pending or
+// not_billable).
+//
+// A report is one Stripe meter event: the overage of one dimension of one or
+// more pending usage logs of one tenant, allowance period and UTC day of
+// their usage timestamps. Its members, value and timestamp are committed
+// before its first send and never change; its identifier and
+// Idempotency-Key are overage.MeterEventKey(lead, dimension), the lead being
+// the member fixed when the report is formed. A usage log is in at most one
+// report per dimension (usage_logs.<dimension>_report_lead is set once, by
+// the transaction that forms the report, under FOR UPDATE SKIP LOCKED).
+//
+// Locking. Changing a usage log's billing_status fires the billing_counters
+// trigger, which upserts the (tenant, old status) and (tenant, new status)
+// counter rows (migrations/0002_finance.sql). Every transaction here touches
+// the logs of one tenant and orders its statements so that the counter rows
+// are taken in (tenant_id, billing_status) order — billed < failed <
+// needs_review < not_billable < pending — across the whole transaction, not
+// only within one row: two such transactions may wait for each other but
+// never in a cycle.
+package usagelog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/overage-billing/overage"
+)
+
+// Statuses of a usage log, re-exported so callers of the store need no
+// second import to name them.
+const (
+	StatusPending     = overage.BillingStatusPending
+	StatusBilled      = overage.BillingStatusBilled
+	StatusNotBillable = overage.BillingStatusNotBillable
+	StatusNeedsReview = overage.BillingStatusNeedsReview
+	StatusFailed      = overage.BillingStatusFailed
+)
+
+// Statuses lists every billing status in the order finance prints them.
+var Statuses = []overage.BillingStatus{StatusBilled, StatusPending, StatusNotBillable, StatusNeedsReview, StatusFailed}
+
+// ReportState is where a report stands with Stripe.
+type ReportState string
+
+const (
+	// ReportOpen: to be sent, or sent again (same key, value, timestamp).
+	ReportOpen ReportState = "open"
+	// ReportAccepted: Stripe holds it, or it summed to zero and was never
+	// sent; its members' dimension is accepted.
+	ReportAccepted ReportState = "accepted"
+	// ReportNeedsReview: its first send is older than Stripe's idempotency
+	// window minus the margin; never resent automatically.
+	ReportNeedsReview ReportState = "needs_review"
+	// ReportFailed: Stripe refused it with an error retrying cannot fix.
+	ReportFailed ReportState = "failed"
+	// ReportVoid: an operator decided it is never billed.
+	ReportVoid ReportState = "void"
+)
+
+// Report is one meter event's worth of usage logs.
+type Report struct {
+	Lead      uuid.UUID
+	Dimension overage.Dimension
+	TenantID  uuid.UUID
+	Value     int64
+	// Timestamp is the latest usage timestamp among the members.
+	Timestamp      time.Time
+	Members        []uuid.UUID
+	State          ReportState
+	FirstAttemptAt time.Time
+	// Remaining is how long sends may still go out, by the database clock:
+	// the window guard's cutoff minus the age of the first attempt.
+	Remaining time.Duration
+}
+
+// Key is the report's meter event identifier and Stripe Idempotency-Key.
+func (r Report) Key() string { return overage.MeterEventKey(r.Lead, r.Dimension) }
+
+// Store reads and changes usage logs' billing state and reports.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// New returns a Store on pool.
+func New(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+// Pool is the store's pool, for callers that open a transaction spanning
+// the store and their own tables (review's audit trail).
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// DB is what the transaction-taking methods need: a pgx.Tx or a pool.
+type DB interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// Guard is the window guard: a report whose first send is older than
+// Window minus Margin is never resent automatically.
+type Guard struct {
+	Window time.Duration
+	Margin time.Duration
+}
+
+// GuardFor leaves room for clock skew between us and Stripe and for a send
+// in flight: a margin of a tenth of the window, at most an hour.
+func GuardFor(window time.Duration) Guard {
+	return Guard{Window: window, Margin: min(window/10, time.Hour)}
+}
+
+// Cutoff is how long after the first attempt sends must stop.
+func (g Guard) Cutoff() time.Duration { return g.Window - g.Margin }
+
+// reportColumns are the columns scanReport reads, of the table aliased
+// prefix; $cutoffArg is the guard's cutoff in seconds.
+func reportColumns(prefix string, cutoffArg int) string {
+	return fmt.Sprintf(`%[1]slead_usage_log_id, %[1]sdimension, %[1]stenant_id, %[1]svalue, %[1]sts, %[1]smember_ids, %[1]sstate,
+	%[1]sfirst_attempt_at, extract(epoch FROM %[1]sfirst_attempt_at + make_interval(secs => $%[2]d) - now())::float8`, prefix, cutoffArg)
+}
+
+func scanReport(row pgx.Row) (Report, error) {
+	var r Report
+	var remaining float64
+	err := row.Scan(&r.Lead, &r.Dimension, &r.TenantID, &r.Value, &r.Timestamp, &r.Members, &r.State, &r.FirstAttemptAt, &remaining)
+	r.Timestamp, r.FirstAttemptAt = r.Timestamp.UTC(), r.FirstAttemptAt.UTC()
+	r.Remaining = time.Duration(remaining * float64(time.Second))
+	return r, err
+}
+
+func collectReports(rows pgx.Rows, err error) ([]Report, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Report, error) { return scanReport(row) })
+}
+
+// ClaimParams selects open reports of a tenant to send again.
+type ClaimParams struct {
+	TenantID uuid.UUID
+	Limit    int
+	// Lease is how long the caller holds the reports; a killed caller's
+	// lease lapses and another job sends them.
+	Lease time.Duration
+	Guard Guard
+}
+
+// Claim leases up to Limit open reports of the tenant that no one holds,
+// oldest first: reports formed earlier whose send failed, was cut short by
+// a crash, or never happened. SKIP LOCKED and the lease condition, checked
+// again by the UPDATE, referee two jobs of one tenant.
+func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Report, error) {
+	rs, err := collectReports(s.pool.Query(ctx, `UPDATE usage_reports r SET lease_until = now() + make_interval(secs => $2)
+		FROM (SELECT lead_usage_log_id, dimension FROM usage_reports
+			WHERE tenant_id = $1 AND state = 'open' AND (lease_until IS NULL OR lease_until < now())
+			ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) c
+		WHERE r.lead_usage_log_id = c.lead_usage_log_id AND r.dimension = c.dimension
+			AND (r.lease_until IS NULL OR r.lease_until < now())
+		RETURNING `+reportColumns("r.", 4), p.TenantID, p.Lease.Seconds(), p.Limit, p.Guard.Cutoff().Seconds()))
+	if err != nil {
+		return nil, fmt.Errorf("claim open reports of tenant %s: %w", p.TenantID, err)
+	}
+	return rs, nil
+}
+
+// Release gives leased reports back, so the job's retry (or any job of the
+// tenant) sends them without waiting for the lease to lapse.
+func (s *Store) Release(ctx context.Context, reports []Report) error {
+	if len(reports) == 0 {
+		return nil
+	}
+	leads := make([]uuid.UUID, len(reports))
+	dims := make([]string, len(reports))
+	for i, r := range reports {
+		leads[i], dims[i] = r.Lead, string(r.Dimension)
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE usage_reports r SET lease_until = NULL
+		FROM unnest($1::uuid[], $2::text[]) AS v (lead, dim)
+		WHERE r.lead_usage_log_id = v.lead AND r.dimension = v.dim AND r.state = 'open'`, leads, dims); err != nil {
+		return fmt.Errorf("release reports: %w", err)
+	}
+	return nil
+}
+
+// HeldFor returns how long until the first lease on an open report of the
+// tenant lapses, and false when no open report is leased. A job that finds
+// nothing to claim while another holds a report — a job still running, or
+// one killed mid-send — comes back then instead of completing.
+func (s *Store) HeldFor(ctx context.Context, tenantID uuid.UUID) (time.Duration, bool, error) {
+	var secs *float64
+	if err := s.pool.QueryRow(ctx, `SELECT extract(epoch FROM min(lease_until) - now())::float8 FROM usage_reports
+		WHERE tenant_id = $1 AND state = 'open' AND lease_until > now()`, tenantID).Scan(&secs); err != nil {
+		return 0, false, fmt.Errorf("read leases of tenant %s: %w", tenantID, err)
+	}
+	if secs == nil {
+		return 0, false, nil
+	}
+	return time.Duration(*secs * float64(time.Second)), true, nil
+}
+
+// Accept records that Stripe holds the reports (or that they summed to
+// zero), and in the same transaction stamps their members' dimensions
+// accepted and bills every member whose dimensions with overage are all
+// accepted. Reports of both dimensions of the same logs are best accepted
+// together: each member is then written once. A report the sweep parked
+// while its send was in flight is accepted too: Stripe has it. It returns
+// how many member logs it wrote; accepting a report twice changes nothing
+// the second time.
+func (s *Store) Accept(ctx context.Context, reports ...Report) (int64, error) {
+	if len(reports) == 0 {
+		return 0, nil
+	}
+	var billed int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var members [2][][]uuid.UUID
+		for _, r := range reports {
+			var m []uuid.UUID
+			err := tx.QueryRow(ctx, `UPDATE usage_reports SET state = 'accepted', accepted_at = now(), lease_until = NULL, message = NULL
+				WHERE lead_usage_log_id = $1 AND dimension = $2 AND state IN ('open', 'needs_review')
+				RETURNING member_ids`, r.Lead, string(r.Dimension)).Scan(&m)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("accept report %s: %w", r.Key(), err)
+			}
+			members[dimIndex(r.Dimension)] = append(members[dimIndex(r.Dimension)], m)
+		}
+		var err error
+		billed, err = acceptMembers(ctx, tx, members)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return billed, nil
+}
+
+// acceptMembers stamps the accepted dimensions of the members (per
+// dimension, the member lists of its accepted reports) and bills those now
+// complete, one write per log. Logs under review go first, then pending
+// ones, so the counter rows are taken as (billed, needs_review) then
+// (billed, pending): sorted across the transaction.
+func acceptMembers(ctx context.Context, tx pgx.Tx, members [2][][]uuid.UUID) (int64, error) {
+	flags := map[uuid.UUID]*[2]bool{}
+	var ids []uuid.UUID
+	for d, lists := range members {
+		for _, l := range lists {
+			for _, id := range l {
+				f, ok := flags[id]
+				if !ok {
+					f = &[2]bool{}
+					flags[id] = f
+					ids = append(ids, id)
+				}
+				f[d] = true
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	in, out := make([]bool, len(ids)), make([]bool, len(ids))
+	for i, id := range ids {
+		in[i], out[i] = flags[id][0], flags[id][1]
+	}
+	const done = `(u.overage_input_tokens = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
+		AND (u.overage_output_tokens = 0 OR u.output_accepted_at IS NOT NULL OR v.o)`
+	const complete = `u.billing_status IN ('pending', 'needs_review') AND ` + done
+	var billed int64
+	for _, where := range []string{`u.billing_status <> 'pending'`, `u.billing_status = 'pending'`} {
+		tag, err := tx.Exec(ctx, `UPDATE usage_logs u SET
+				input_accepted_at = CASE WHEN v.i THEN coalesce(u.input_accepted_at, now()) ELSE u.input_accepted_at END,
+				output_accepted_at = CASE WHEN v.o THEN coalesce(u.output_accepted_at, now()) ELSE u.output_accepted_at END,
+				billing_status = CASE WHEN `+complete+` THEN 'billed' ELSE u.billing_status END,
+				billed_at = CASE WHEN `+complete+` THEN now() ELSE u.billed_at END,
+				billing_message = CASE WHEN `+complete+` THEN NULL ELSE u.billing_message END,
+				updated_at = now()
+			FROM unnest($1::uuid[], $2::bool[], $3::bool[]) AS v (id, i, o)
+			WHERE u.id = v.id AND `+where, ids, in, out)
+		if err != nil {
+			return 0, fmt.Errorf("bill members: %w", err)
+		}
+		billed += tag.RowsAffected()
+	}
+	return billed, nil
+}
+
+// Fail marks an open report failed with Stripe's message, and its pending
+// members failed with it: nothing retrying can fix is retried.
+func (s *Store) Fail(ctx context.Context, r Report, msg string) (int64, error) {
+	return s.closeReport(ctx, r, ReportFailed, StatusFailed, msg, nil)
+}
+
+// Park moves an open report whose first send is past the guard's cutoff (by
+// the database clock) to needs_review, and its pending members with it: a
+// resend could be applied twice by Stripe. It returns how many logs moved;
+// 0 when the report is not past the cutoff or no longer open.
+func (s *Store) Park(ctx context.Context, r Report, g Guard) (int64, error) {
+	return s.closeReport(ctx, r, ReportNeedsReview, StatusNeedsReview, "", &g)
+}
+
+// parkMessage says why a log waits for an operator, in the database's words.
+const parkMessage = `format('first sent to Stripe at %s, longer ago than Stripe''s %s idempotency window allows for a safe resend; an operator must decide',
+	to_char(first_attempt_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), $5::text)`
+
+func (s *Store) closeReport(ctx context.Context, r Report, state ReportState, status overage.BillingStatus, msg string, g *Guard) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		cond, message := ``, `$4::text`
+		args := []any{r.Lead, string(r.Dimension), string(state), msg}
+		if g != nil {
+			cond = ` AND first_attempt_at < now() - make_interval(secs => $6)`
+			message = `coalesce(nullif($4::text, ''), ` + parkMessage + `)`
+			args = append(args, g.Window.String(), g.Cutoff().Seconds())
+		}
+		var members []uuid.UUID
+		var text string
+		err := tx.QueryRow(ctx, `UPDATE usage_reports SET state = $3, lease_until = NULL, message = `+message+`
+			WHERE lead_usage_log_id = $1 AND dimension = $2 AND state = 'open'`+cond+`
+			RETURNING member_ids, message`, args...).Scan(&members, &text)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now()
+			WHERE id = ANY($1) AND billing_status = 'pending'`, members, string(status), text)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("mark report %s %s: %w", r.Key(), state, err)
+	}
+	return n, nil
+}
+
+// FailTenant fails every open report and every pending log of a suspended
+// tenant (its Stripe customer was deleted) with reason: no retry can bill a
+// customer Stripe no longer has. An operator may still resolve them.
+func (s *Store) FailTenant(ctx context.Context, tenantID uuid.UUID, reason string) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE usage_reports SET state = 'failed', lease_until = NULL, message = $2
+			WHERE tenant_id = $1 AND state = 'open'`, tenantID, reason); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = $2, updated_at = now()
+			WHERE tenant_id = $1 AND billing_status = 'pending'`, tenantID, reason)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("fail pending usage logs of tenant %s: %w", tenantID, err)
+	}
+	return n, nil
+}
+
+// ExpiredReports lists up to limit open reports, of any tenant, whose first
+// send is past the guard's cutoff and that no live worker holds: the
+// sweep parks them.
+func (s *Store) ExpiredReports(ctx context.Context, g Guard, limit int) ([]Report, error) {
+	rs, err := collectReports(s.pool.Query(ctx, `SELECT `+reportColumns("", 2)+` FROM usage_reports
+		WHERE state = 'open' AND first_attempt_at < now() - make_interval(secs => $2)
+			AND (lease_until IS NULL OR lease_until < now())
+		LIMIT $1`, limit, g.Cutoff().Seconds()))
+	if err != nil {
+		return nil, fmt.Errorf("read reports past the window: %w", err)
+	}
+	return rs, nil
+}
+
+// TenantsPendingSince lists the tenants with a usage log pending for longer
+// than grace: their report jobs are to be queued again. One probe of the
+// (tenant_id, created_at) pending index per tenant.
+func (s *Store) TenantsPendingSince(ctx context.Context, grace time.Duration) ([]uuid.UUID, error) {
+	rows, err := s.pool.Query(ctx, `SELECT t.id FROM tenants t WHERE EXISTS (
+		SELECT 1 FROM usage_logs u WHERE u.tenant_id = t.id AND u.billing_status = 'pending'
+			AND u.created_at < now() - make_interval(secs => $1))`, grace.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("read tenants with pending usage logs: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("read tenants with pending usage logs: %w", err)
+	}
+	return ids, nil
+}
