@@ -18,8 +18,8 @@ const (
 	maxBodyBytes     = 64 << 10
 	maxTextLen       = 255
 	maxTokens        = 1 << 40 // far above any LLM call; keeps sums far from overflow
-	maxFutureSkew    = 5 * time.Minute
-	maxEventAge      = 35 * 24 * time.Hour // Stripe refuses meter events older than 35 days
+	maxFutureSkew    = overage.MaxFutureSkew
+	maxEventAge      = overage.MaxEventAge
 	fieldTimestamp   = "timestamp"
 	fieldInputTokens = "input_tokens"
 )

@@ -59,6 +59,10 @@ func (ReportArgs) InsertOpts() river.InsertOpts {
 	}
 }
 
+// DefaultMaxAttempts is REPORT_MAX_ATTEMPTS's default: River attempts
+// per report job.
+const DefaultMaxAttempts = 5
+
 // DefaultBatchDelay is REPORT_BATCH_DELAY's default.
 const DefaultBatchDelay = time.Second
 

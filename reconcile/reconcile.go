@@ -28,16 +28,16 @@ const (
 	DefaultConcurrency = 4
 	// DefaultMeterInputEvent and DefaultMeterOutputEvent are the meter
 	// event names of the README's configuration.
-	DefaultMeterInputEvent  = "llm_input_tokens"
-	DefaultMeterOutputEvent = "llm_output_tokens"
+	DefaultMeterInputEvent  = overage.DefaultMeterInputEvent
+	DefaultMeterOutputEvent = overage.DefaultMeterOutputEvent
 )
 
 // DayLayout is how days are written, in flags, rows and reports.
 const DayLayout = "2006-01-02"
 
 // maxFutureSkew is how far ahead of now a usage timestamp (and so a meter
-// event) may be: the SPEC's 5 minutes.
-const maxFutureSkew = 5 * time.Minute
+// event) may be.
+const maxFutureSkew = overage.MaxFutureSkew
 
 // Querier is what Run needs of the database; *pgxpool.Pool, *pgx.Conn and
 // pgx.Tx implement it.

@@ -77,7 +77,7 @@ func newFixture(t *testing.T, opts emulator.Options) *fixture {
 	today := time.Now().UTC().Truncate(24 * time.Hour)
 	f := &fixture{
 		pool: pool, emu: emu, base: base, sc: sc, reader: reader,
-		ingest:  ingest.NewService(pool, outbox.NewInserter(rc, 5)),
+		ingest:  ingest.NewService(pool, outbox.NewInserter(rc, outbox.DefaultMaxAttempts)),
 		tenants: map[string]*tenants.Created{},
 		today:   today, yesterday: today.Add(-24 * time.Hour),
 		day: func(d time.Time) string { return d.Format(reconcile.DayLayout) },

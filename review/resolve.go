@@ -39,7 +39,7 @@ func (a Action) Valid() bool {
 }
 
 // DefaultIdempotencyWindow is Stripe's, used when ResolveParams leave it zero.
-const DefaultIdempotencyWindow = 24 * time.Hour
+const DefaultIdempotencyWindow = overage.StripeIdempotencyWindow
 
 // ResolveParams are the inputs of Resolve.
 type ResolveParams struct {

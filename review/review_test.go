@@ -42,7 +42,7 @@ func setup(t *testing.T, opts emulator.Options, ingestAttempts int, customers ..
 		ts = append(ts, tenants.CreateParams{StripeCustomerID: cus})
 	}
 	w := worktest.New(t, worktest.Options{Emulator: opts, IngestMaxAttempts: ingestAttempts, Tenants: ts})
-	return &bundle{World: w, resolver: review.NewResolver(w.Pool, outbox.NewInserter(w.River, 5))}
+	return &bundle{World: w, resolver: review.NewResolver(w.Pool, outbox.NewInserter(w.River, outbox.DefaultMaxAttempts))}
 }
 
 type logRow struct {

@@ -411,7 +411,7 @@ func TestSubscriptionUpdateMovesTheAllowancePeriod(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	tn := h.tenant(t, "cus_period", 500)
-	svc := ingest.NewService(h.pool, outbox.NewInserter(h.rc, 5))
+	svc := ingest.NewService(h.pool, outbox.NewInserter(h.rc, outbox.DefaultMaxAttempts))
 	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond)
 	month := time.Date(ts.Year(), ts.Month(), 1, 0, 0, 0, 0, time.UTC)
 
@@ -452,7 +452,7 @@ func TestDeletedCustomerSuspendsTenantAndItsReportsFail(t *testing.T) {
 	h.startProcessor(t)
 	h.waitAllProcessed(t, 1)
 
-	svc := ingest.NewService(h.pool, outbox.NewInserter(h.rc, 5))
+	svc := ingest.NewService(h.pool, outbox.NewInserter(h.rc, outbox.DefaultMaxAttempts))
 	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond)
 	lg, _ := record(t, svc, h.pool, gone.ID, ts, 100)
 	lo, _ := record(t, svc, h.pool, ok.ID, ts, 100)

@@ -153,6 +153,17 @@ func (w *Workers) Run(ctx context.Context) error {
 	return nil
 }
 
+// The defaults of Config's zero fields, and of the matching environment
+// variables (SWEEP_INTERVAL, SWEEP_GRACE, REPORT_JOB_TIMEOUT,
+// REPORT_WORKERS, REPORT_BATCH_MAX).
+const (
+	DefaultSweepInterval = 10 * time.Minute
+	DefaultSweepGrace    = 10 * time.Minute
+	DefaultJobTimeout    = time.Minute
+	DefaultReportWorkers = 200
+	DefaultBatchMax      = 10000
+)
+
 func (cfg Config) withDefaults() Config {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -164,27 +175,27 @@ func (cfg Config) withDefaults() Config {
 	}
 	def(&cfg.ReapInterval, 10*time.Minute)
 	def(&cfg.StopTimeout, 20*time.Second)
-	def(&cfg.IdempotencyWindow, 24*time.Hour)
-	def(&cfg.SweepInterval, 10*time.Minute)
-	def(&cfg.SweepGrace, 10*time.Minute)
-	def(&cfg.JobTimeout, time.Minute)
+	def(&cfg.IdempotencyWindow, overage.StripeIdempotencyWindow)
+	def(&cfg.SweepInterval, DefaultSweepInterval)
+	def(&cfg.SweepGrace, DefaultSweepGrace)
+	def(&cfg.JobTimeout, DefaultJobTimeout)
 	def(&cfg.BatchDelay, outbox.DefaultBatchDelay)
 	if cfg.BatchMax == 0 {
-		cfg.BatchMax = 10000
+		cfg.BatchMax = DefaultBatchMax
 	}
 	// River's default (100 ms) caps how fast freed report slots refill.
 	def(&cfg.FetchCooldown, 25*time.Millisecond)
 	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = 5
+		cfg.MaxAttempts = outbox.DefaultMaxAttempts
 	}
 	if cfg.ReportWorkers == 0 {
-		cfg.ReportWorkers = 200
+		cfg.ReportWorkers = DefaultReportWorkers
 	}
 	if cfg.MeterInputEvent == "" {
-		cfg.MeterInputEvent = "llm_input_tokens"
+		cfg.MeterInputEvent = overage.DefaultMeterInputEvent
 	}
 	if cfg.MeterOutputEvent == "" {
-		cfg.MeterOutputEvent = "llm_output_tokens"
+		cfg.MeterOutputEvent = overage.DefaultMeterOutputEvent
 	}
 	return cfg
 }

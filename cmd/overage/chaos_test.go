@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/syncbuf"
@@ -99,11 +100,11 @@ func TestChaos(t *testing.T) {
 
 	// Ingest over real HTTP, some requests sent twice (a client retry after
 	// a timeout) and some request_ids reused under a new key.
-	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	srv, err := app.NewServer(context.Background(), cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/term"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/flakyproxy"
 	"github.com/overage-billing/overage/internal/pgcontainer"
@@ -58,7 +59,7 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	if e.getenv("LOG_LEVEL") == "" {
 		cfg.LogLevel = slog.LevelError // the terminal shows progress instead
 	}
-	logger := newLogger(e.stderr, cfg.LogLevel)
+	logger := app.NewLogger(e.stderr, cfg.LogLevel)
 	out := e.stdout
 
 	var emu *emulator.Emulator
@@ -84,7 +85,7 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer stopDB()
-	pool, err := openPool(ctx, dbURL, workMaxConns)
+	pool, err := app.OpenPool(ctx, dbURL, app.WorkMaxConns)
 	if err != nil {
 		return err
 	}
@@ -99,11 +100,11 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	if generatedToken {
 		cfg.AdminToken = cryptorand.Text()
 	}
-	srv, err := newServer(pool, cfg, logger)
+	srv, err := app.NewServerOn(pool, cfg, logger)
 	if err != nil && strings.Contains(err.Error(), "address already in use") {
 		fmt.Fprintf(out, "%s is in use; listening on a free port instead\n", cfg.ListenAddr)
 		cfg.ListenAddr = "127.0.0.1:0"
-		srv, err = newServer(pool, cfg, logger)
+		srv, err = app.NewServerOn(pool, cfg, logger)
 	}
 	if err != nil {
 		return err
@@ -111,7 +112,7 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	defer srv.Close()
 	// The workers' Stripe call metrics join the server's, so /metrics
 	// shows them.
-	w, err := newWorkers(pool, cfg, logger, srv.registry)
+	w, err := app.NewWorkers(pool, cfg, logger, srv.Registry)
 	if err != nil {
 		return err
 	}
@@ -196,7 +197,7 @@ func devDatabase(ctx context.Context, dbURL string, out io.Writer) (string, func
 func createDatabase(ctx context.Context, dbURL string) error {
 	u, err := url.Parse(dbURL)
 	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", redactParseError(err))
+		return fmt.Errorf("DATABASE_URL: %w", app.RedactParseError(err))
 	}
 	name := strings.TrimPrefix(u.Path, "/")
 	u.Path = "/postgres"

@@ -9,17 +9,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/app"
 )
 
 const usage = `overage — bills LLM token overage to Stripe exactly once.
@@ -234,57 +232,19 @@ func (fs *flags) usageError(err error) error {
 // loadConfig reads the environment, then lets the common flags override it.
 // uses names the variables the command reads: a malformed variable it does
 // not use does not stop it. None names them all.
-func loadConfig(e env, fs *flags, args []string, uses ...string) (*Config, error) {
-	cfg, bad := readConfig(e.getenv)
+func loadConfig(e env, fs *flags, args []string, uses ...string) (*app.Config, error) {
+	cfg, bad := app.ReadConfig(e.getenv)
 	// The default is shown as the variable's name, never its value: a
 	// connection string carries a password.
-	dbURL := fs.String("database-url", "", "PostgreSQL connection string (default: $DATABASE_URL, else "+defaultDatabaseURL+")")
+	dbURL := fs.String("database-url", "", "PostgreSQL connection string (default: $DATABASE_URL, else "+app.DefaultDatabaseURL+")")
 	if err := fs.parse(args); err != nil {
 		return nil, err
 	}
-	if err := bad.of(uses...); err != nil {
+	if err := bad.Of(uses...); err != nil {
 		return nil, err
 	}
 	if *dbURL != "" {
 		cfg.DatabaseURL = *dbURL
 	}
 	return cfg, nil
-}
-
-func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
-}
-
-// Default pool sizes. Together they stay under PostgreSQL's default
-// max_connections (100, 3 reserved): `work` needs more, because each of its
-// report jobs commits twice while `serve` commits once per request.
-const (
-	serveMaxConns = 32
-	workMaxConns  = 60
-	toolMaxConns  = 4
-)
-
-// openPool connects to PostgreSQL with at most maxConns connections. Sizes
-// and timeouts given in the URL (pool_max_conns, connect_timeout) win.
-func openPool(ctx context.Context, databaseURL string, maxConns int32) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(databaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("DATABASE_URL: %w", redactParseError(err))
-	}
-	if !strings.Contains(databaseURL, "pool_max_conns") {
-		pc.MaxConns = maxConns
-	}
-	if pc.ConnConfig.ConnectTimeout == 0 {
-		pc.ConnConfig.ConnectTimeout = 5 * time.Second
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
-	if err != nil {
-		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	return pool, nil
-}
-
-// redactParseError keeps a connection string's password out of errors.
-func redactParseError(err error) error {
-	return errors.New(strings.Split(err.Error(), ":")[0] + ": cannot parse the connection string")
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/syncbuf"
 )
@@ -54,7 +55,7 @@ func TestTenantCreatePrintsKeyOnceAndStoresOnlyItsHash(t *testing.T) {
 
 func TestConfigErrorsNameTheVariable(t *testing.T) {
 	t.Parallel()
-	_, err := LoadConfig(func(k string) string {
+	_, err := app.LoadConfig(func(k string) string {
 		return map[string]string{"SWEEP_INTERVAL": "ten minutes", "REPORT_MAX_ATTEMPTS": "-1", "STRIPE_API_BASE": "localhost"}[k]
 	})
 	if err == nil {
@@ -68,7 +69,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	if strings.Contains(err.Error(), "\n") {
 		t.Errorf("error is not one line: %q", err)
 	}
-	cfg, err := LoadConfig(func(string) string { return "" })
+	cfg, err := app.LoadConfig(func(string) string { return "" })
 	if err != nil || cfg.ListenAddr != "127.0.0.1:8080" || cfg.SweepGrace != 10*time.Minute || cfg.ReportMaxAttempts != 5 || cfg.StripeIdempotencyWindow != 24*time.Hour {
 		t.Fatalf("defaults: %+v, %v", cfg, err)
 	}
@@ -213,14 +214,14 @@ func mustID(t *testing.T, body string) string {
 
 // startServer runs `overage serve` as the binary wires it, configured by
 // env, until the test ends, and returns it with its log.
-func startServer(t *testing.T, env map[string]string) (*Server, *syncbuf.Buffer) {
+func startServer(t *testing.T, env map[string]string) (*app.Server, *syncbuf.Buffer) {
 	t.Helper()
-	cfg, err := LoadConfig(func(k string) string { return env[k] })
+	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
 	logs := &syncbuf.Buffer{}
-	srv, err := NewServer(context.Background(), cfg, newLogger(logs, cfg.LogLevel))
+	srv, err := app.NewServer(context.Background(), cfg, app.NewLogger(logs, cfg.LogLevel))
 	if err != nil {
 		t.Fatal(err)
 	}

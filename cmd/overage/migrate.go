@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/migrations"
 )
 
@@ -13,8 +14,8 @@ func cmdMigrate(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	logger := newLogger(e.stderr, cfg.LogLevel)
-	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+	logger := app.NewLogger(e.stderr, cfg.LogLevel)
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}

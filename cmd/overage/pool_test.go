@@ -9,12 +9,13 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/pgtest"
 )
 
 // startServerOn runs `overage serve` in-process on dbURL, so a test can
 // reach into its pools.
-func startServerOn(t *testing.T, dbURL string) *Server {
+func startServerOn(t *testing.T, dbURL string) *app.Server {
 	t.Helper()
 	srv, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": "admin"})
 	return srv
@@ -53,14 +54,14 @@ func TestIngestAnswers503WhenThePoolIsFull(t *testing.T) {
 	w := newFaultWorld(t, dbURL)
 	srv := startServerOn(t, dbURL+"&pool_max_conns=3")
 	body := `{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5}`
-	release := holdAll(t, srv.pool)
+	release := holdAll(t, apiPool(srv))
 
 	a := postUsage(srv.Addr(), w.apiKey, "k1", body)
 	if a.err != nil || a.status != http.StatusServiceUnavailable || a.retryAfter == "" {
 		t.Fatalf("pool full: %d %q %v %s", a.status, a.retryAfter, a.err, a.body)
 	}
-	if a.took < requestTimeout-time.Second || a.took > requestTimeout+2*time.Second {
-		t.Fatalf("pool full: answered after %s, want about %s", a.took, requestTimeout)
+	if a.took < app.RequestTimeout-time.Second || a.took > app.RequestTimeout+2*time.Second {
+		t.Fatalf("pool full: answered after %s, want about %s", a.took, app.RequestTimeout)
 	}
 	t.Logf("pool full: 503 after %s", a.took)
 
@@ -81,7 +82,7 @@ func TestSlowStatusDoesNotStarveIngest(t *testing.T) {
 	dbURL := pgtest.NewDatabase(t)
 	w := newFaultWorld(t, dbURL)
 	srv := startServerOn(t, dbURL+"&pool_max_conns=3")
-	holdAll(t, srv.adminPool)
+	holdAll(t, adminPool(srv))
 
 	statusCtx, cancelStatus := context.WithCancel(context.Background())
 	defer cancelStatus()
@@ -105,12 +106,15 @@ func TestSlowStatusDoesNotStarveIngest(t *testing.T) {
 		}
 		worst = max(worst, a.took)
 	}
-	// Far below requestTimeout, the wait of a request starved of a
+	// Far below app.RequestTimeout, the wait of a request starved of a
 	// connection.
-	if worst > requestTimeout/2 {
+	if worst > app.RequestTimeout/2 {
 		t.Fatalf("slowest event took %s while reports waited", worst)
 	}
 	t.Logf("30 events while 8 reports waited on a full admin pool: slowest %s", worst)
 	cancelStatus()
 	reports.Wait()
 }
+
+func apiPool(s *app.Server) *pgxpool.Pool   { p, _ := s.Pools(); return p }
+func adminPool(s *app.Server) *pgxpool.Pool { _, p := s.Pools(); return p }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/reconcile"
 	"github.com/overage-billing/overage/stripeclient"
 )
@@ -51,12 +52,12 @@ func cmdReconcile(ctx context.Context, e env, args []string) error {
 		return errors.New("STRIPE_SECRET_KEY is required to read Stripe's meter event summaries")
 	}
 	reader, err := stripeclient.NewSummaryReader(stripeclient.Config{
-		SecretKey: cfg.StripeSecretKey, APIBase: cfg.StripeAPIBase, Logger: newLogger(e.stderr, cfg.LogLevel),
+		SecretKey: cfg.StripeSecretKey, APIBase: cfg.StripeAPIBase, Logger: app.NewLogger(e.stderr, cfg.LogLevel),
 	})
 	if err != nil {
 		return fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)
 	}
-	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}

@@ -8,10 +8,8 @@ import (
 	"os/user"
 
 	"github.com/google/uuid"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/review"
 )
 
@@ -49,7 +47,7 @@ func cmdReviewList(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}
@@ -92,16 +90,16 @@ func cmdReviewResolve(ctx context.Context, e env, args []string) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	rc, err := app.NewInsertClient(pool, nil)
 	if err != nil {
-		return fmt.Errorf("river client: %w", err)
+		return err
 	}
-	res, err := review.NewResolver(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay)).Resolve(ctx, p)
+	res, err := review.NewResolver(pool, app.NewInserter(rc, cfg)).Resolve(ctx, p)
 	if err != nil {
 		return fmt.Errorf("review resolve: %w", err)
 	}

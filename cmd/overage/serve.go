@@ -2,52 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
-	"strings"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"riverqueue.com/riverui"
-
-	"github.com/overage-billing/overage/api"
-	"github.com/overage-billing/overage/finance"
-	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/metrics"
-	"github.com/overage-billing/overage/outbox"
-	"github.com/overage-billing/overage/tenants"
-	"github.com/overage-billing/overage/webhooks"
+	"github.com/overage-billing/overage/app"
 )
-
-// shutdownTimeout bounds how long in-flight requests may take to finish
-// after SIGTERM.
-const shutdownTimeout = 25 * time.Second
-
-// Every request under /v1/ has a deadline. pgxpool has no acquire timeout:
-// without one, a request finding the pool full (a stalled database, a
-// burst) would wait without limit, and the client with it. Past the
-// deadline the database call fails and the request answers 503 with
-// Retry-After. An ingest transaction takes milliseconds; the finance
-// report may read many rows.
-const (
-	requestTimeout      = 5 * time.Second
-	adminRequestTimeout = time.Minute
-)
-
-// adminMaxConns is the pool of the finance report and the metrics scrape,
-// apart from the API's, so slow reports can hold at most these and never a
-// connection ingest needs. serveMaxConns counts it.
-const adminMaxConns = 4
 
 func cmdServe(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "serve", "overage serve [--listen ADDR] [--database-url URL]")
@@ -60,166 +17,12 @@ func cmdServe(ctx context.Context, e env, args []string) error {
 	if listen != "" {
 		cfg.ListenAddr = listen
 	}
-	logger := newLogger(e.stderr, cfg.LogLevel)
-	srv, err := NewServer(ctx, cfg, logger)
+	logger := app.NewLogger(e.stderr, cfg.LogLevel)
+	srv, err := app.NewServer(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
 	logger.Info("serving", "addr", srv.Addr())
 	return srv.Run(ctx)
-}
-
-// Server is `overage serve`: the HTTP API on one listener. Tests start it
-// on 127.0.0.1:0 and read Addr.
-type Server struct {
-	pool      *pgxpool.Pool
-	adminPool *pgxpool.Pool
-	ownsPool  bool
-	riverUI   *riverui.Handler
-	// registry is the one /metrics serves; `overage dev` adds its workers'.
-	registry *prometheus.Registry
-	ln       net.Listener
-	http     *http.Server
-	logger   *slog.Logger
-}
-
-// NewServer connects, listens and wires the API; Run serves it.
-func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, error) {
-	pool, err := openPool(ctx, cfg.DatabaseURL, serveMaxConns-adminMaxConns)
-	if err != nil {
-		return nil, err
-	}
-	adminPool, err := openPool(ctx, cfg.DatabaseURL, adminMaxConns)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	s, err := wireServer(pool, adminPool, cfg, logger)
-	if err != nil {
-		pool.Close()
-		adminPool.Close()
-		return nil, err
-	}
-	s.ownsPool = true
-	return s, nil
-}
-
-// newServer wires the API on a pool the caller owns.
-func newServer(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
-	return wireServer(pool, pool, cfg, logger)
-}
-
-// wireServer wires the API on pool, and the finance report and metrics on
-// adminPool.
-func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
-	// Insert-only: `serve` runs no workers, it only puts jobs in the
-	// outbox inside its transactions.
-	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{Logger: logger})
-	if err != nil {
-		return nil, fmt.Errorf("river client: %w", err)
-	}
-	ln, err := net.Listen("tcp", cfg.ListenAddr)
-	if err != nil {
-		return nil, fmt.Errorf("LISTEN_ADDR=%s: %w", cfg.ListenAddr, err)
-	}
-	reg := newRegistry(adminPool, logger)
-	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
-		Endpoints: riverui.NewEndpoints(rc, nil), Logger: logger, Prefix: "/riverui",
-	})
-	if err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("river ui: %w", err)
-	}
-	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay))
-	handler := api.NewRouter(api.Config{
-		DB:     pool,
-		Logger: logger,
-		Handlers: []api.Mounter{
-			ingest.NewHandler(ingest.HandlerConfig{
-				Service: svc, Auth: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
-				Observer: metrics.NewIngest(reg),
-			}),
-			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
-			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger}),
-			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
-		},
-		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-		RiverUI:    ui,
-		AdminToken: cfg.AdminToken,
-	})
-	return &Server{
-		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui, registry: reg,
-		http: &http.Server{
-			Handler:           withDeadlines(handler),
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       30 * time.Second,
-			IdleTimeout:       2 * time.Minute,
-			// Requests keep running after ctx is done so a shutdown lets them
-			// finish instead of rolling back half the in-flight work.
-			BaseContext: func(net.Listener) context.Context { return context.Background() },
-		},
-	}, nil
-}
-
-// Addr is the address the server listens on.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
-
-// Run serves until ctx is done, then stops taking requests and lets the
-// in-flight ones finish.
-func (s *Server) Run(ctx context.Context) error {
-	if err := s.riverUI.Start(ctx); err != nil {
-		return fmt.Errorf("start river ui: %w", err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- s.http.Serve(s.ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("http server: %w", err)
-	case <-ctx.Done():
-	}
-	s.logger.Info("shutting down: finishing in-flight requests")
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
-	defer cancel()
-	if err := s.http.Shutdown(sctx); err != nil {
-		return fmt.Errorf("http shutdown: %w", err)
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
-}
-
-// Close releases the database pools, if the server opened them.
-func (s *Server) Close() {
-	if s.ownsPool {
-		s.pool.Close()
-		s.adminPool.Close()
-	}
-}
-
-// withDeadlines gives each API request its deadline (requestTimeout).
-func withDeadlines(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.URL.Path, "/v1/") {
-			next.ServeHTTP(w, r)
-			return
-		}
-		d := requestTimeout
-		if strings.HasPrefix(r.URL.Path, "/v1/billing/") {
-			d = adminRequestTimeout
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), d)
-		defer cancel()
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
-}
-
-// newRegistry returns a Prometheus registry with the process metrics and
-// the billing backlog read from pool at scrape time.
-func newRegistry(pool *pgxpool.Pool, logger *slog.Logger) *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics.RegisterBacklog(reg, func(ctx context.Context) (metrics.Backlog, error) { return metrics.ReadBacklog(ctx, pool) }, logger)
-	return reg
 }

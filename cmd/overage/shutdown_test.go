@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
@@ -36,12 +37,12 @@ func TestServeShutdownUnderLoad(t *testing.T) {
 		defer fl.mu.Unlock()
 		return len(fl.acked) >= 100
 	})
-	err, took := serve.stop(t, shutdownTimeout+5*time.Second)
+	err, took := serve.stop(t, app.ShutdownTimeout+5*time.Second)
 	if err != nil {
 		t.Fatalf("serve exited with %v after SIGTERM\n%s", err, tail(serve.stderr.String(), 20))
 	}
-	if took > shutdownTimeout {
-		t.Fatalf("serve took %s to stop, over its grace period %s", took, shutdownTimeout)
+	if took > app.ShutdownTimeout {
+		t.Fatalf("serve took %s to stop, over its grace period %s", took, app.ShutdownTimeout)
 	}
 	close(stop)
 	wg.Wait()

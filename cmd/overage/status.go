@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/finance"
 )
 
@@ -24,7 +25,7 @@ func cmdStatus(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}

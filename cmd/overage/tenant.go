@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/tenants"
 )
 
@@ -59,8 +60,8 @@ func cmdTenant(ctx context.Context, e env, args []string) error {
 }
 
 // withTenants opens a small pool for one tenant command.
-func withTenants(ctx context.Context, cfg *Config, f func(*tenants.Store) error) error {
-	pool, err := openPool(ctx, cfg.DatabaseURL, toolMaxConns)
+func withTenants(ctx context.Context, cfg *app.Config, f func(*tenants.Store) error) error {
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}

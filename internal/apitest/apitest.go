@@ -1,31 +1,19 @@
-// Package apitest starts the HTTP API for tests exactly as `overage serve`
-// wires it — real PostgreSQL, real River outbox, real router — on a fresh
-// database and a loopback port.
+// Package apitest starts the HTTP API for tests through app, the wiring of
+// `overage serve` — real PostgreSQL, real River outbox, real router — on a
+// fresh database and a loopback port.
 package apitest
 
 import (
 	"context"
 	"log/slog"
-	"net/http/httptest"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"riverqueue.com/riverui"
 
-	"github.com/overage-billing/overage/api"
-	"github.com/overage-billing/overage/finance"
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/metrics"
-	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
-	"github.com/overage-billing/overage/webhooks"
 )
 
 // AdminToken is the ADMIN_TOKEN of test servers.
@@ -66,42 +54,30 @@ func StartOn(t testing.TB, pool *pgxpool.Pool, dbURL string) *Server {
 }
 
 // StartWith serves the API on pool, whose database is dbURL, configured
-// with opts.
+// with opts. It is app.NewServerOn, the wiring of `overage serve`, with the
+// configuration's defaults.
 func StartWith(t testing.TB, pool *pgxpool.Pool, dbURL string, opts Options) *Server {
 	t.Helper()
-	// Insert-only, as in `overage serve`.
-	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{})
+	cfg, err := app.LoadConfig(vars{
+		"LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": AdminToken, "STRIPE_WEBHOOK_SECRET": opts.WebhookSecret,
+	}.get)
 	if err != nil {
 		t.Fatal(err)
 	}
-	quiet := slog.New(slog.DiscardHandler)
-	ui, err := riverui.NewHandler(&riverui.HandlerOpts{Endpoints: riverui.NewEndpoints(rc, nil), Logger: quiet, Prefix: "/riverui"})
+	srv, err := app.NewServerOn(pool, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	if err := ui.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector())
-	metrics.RegisterBacklog(reg, func(ctx context.Context) (metrics.Backlog, error) { return metrics.ReadBacklog(ctx, pool) }, quiet)
-
-	svc := ingest.NewService(pool, outbox.NewInserter(rc, 5))
-	h := api.NewRouter(api.Config{DB: pool, Handlers: []api.Mounter{
-		ingest.NewHandler(ingest.HandlerConfig{Service: svc, Auth: tenants.NewStore(pool), AdminToken: AdminToken, Observer: metrics.NewIngest(reg)}),
-		finance.NewHandler(finance.HandlerConfig{DB: pool, AdminToken: AdminToken}),
-		tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: AdminToken}),
-		webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: opts.WebhookSecret}),
-	},
-		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-		RiverUI:    ui,
-		AdminToken: AdminToken,
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("test server: %v", err)
+		}
 	})
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return &Server{URL: srv.URL, Pool: pool, DBURL: dbURL, Service: svc}
+	return &Server{URL: "http://" + srv.Addr(), Pool: pool, DBURL: dbURL, Service: srv.Ingest}
 }
 
 // Tenant creates a tenant named name, billed to cus_<name>, with the given
@@ -116,3 +92,8 @@ func (s *Server) Tenant(t testing.TB, name string, includedInput, includedOutput
 	}
 	return c
 }
+
+// vars is an environment given as a map.
+type vars map[string]string
+
+func (v vars) get(k string) string { return v[k] }

@@ -11,14 +11,15 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/usagelog"
 )
 
 // Meter event names the tests run with (the defaults).
 const (
-	InputEvent  = "llm_input_tokens"
-	OutputEvent = "llm_output_tokens"
+	InputEvent  = overage.DefaultMeterInputEvent
+	OutputEvent = overage.DefaultMeterOutputEvent
 )
 
 // BilledTotals returns the overage PostgreSQL holds as billed, per Stripe

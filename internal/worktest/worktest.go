@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/outbox"
@@ -98,18 +98,18 @@ func New(t *testing.T, opts Options) *World {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	rc, err := app.NewInsertClient(pool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if opts.IngestMaxAttempts == 0 {
-		opts.IngestMaxAttempts = 5
+		opts.IngestMaxAttempts = outbox.DefaultMaxAttempts
 	}
 	if opts.BatchDelay == 0 {
 		opts.BatchDelay = 200 * time.Millisecond
 	}
 	w := &World{Pool: pool, Emu: emu, Stripe: sc, River: rc, BatchDelay: opts.BatchDelay,
-		Ingest:  ingest.NewService(pool, outbox.NewInserter(rc, opts.IngestMaxAttempts).WithBatchDelay(opts.BatchDelay)),
+		Ingest:  app.NewIngest(pool, rc, &app.Config{ReportMaxAttempts: opts.IngestMaxAttempts, ReportBatchDelay: opts.BatchDelay}),
 		Tenants: map[string]*tenants.Created{}}
 	for _, p := range opts.Tenants {
 		if p.Name == "" {

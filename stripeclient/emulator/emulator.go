@@ -40,6 +40,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/overage-billing/overage"
 	"golang.org/x/time/rate"
 )
 
@@ -110,8 +111,8 @@ type Options struct {
 // Default TTLs, Stripe's documented windows, and Stripe's live-mode limit
 // of meter event calls per second and account.
 const (
-	DefaultKeyTTL        = 24 * time.Hour
-	DefaultIdentifierTTL = 24 * time.Hour
+	DefaultKeyTTL        = overage.StripeIdempotencyWindow
+	DefaultIdentifierTTL = overage.StripeIdempotencyWindow
 	DefaultRateLimit     = 1000.0
 )
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/overage-billing/overage"
 	"mime"
 	"net/http"
 	"net/url"
@@ -16,8 +17,8 @@ import (
 const (
 	maxStringLength = 100 // event_name and identifier, per Stripe's schema
 	maxBodyBytes    = 1 << 20
-	timestampPast   = 35 * 24 * time.Hour
-	timestampFuture = 5 * time.Minute
+	timestampPast   = overage.MaxEventAge
+	timestampFuture = overage.MaxFutureSkew
 )
 
 // meterEventInput is a parsed, validated meter event request.

@@ -34,6 +34,7 @@ import (
 	"github.com/stripe/stripe-mock/embedded"
 	"github.com/stripe/stripe-mock/server"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
 )
 
@@ -42,8 +43,8 @@ const StripeMockKey = "sk_test_123"
 
 // The meter event names the worker uses by default (SPEC: configuration).
 const (
-	InputEventName  = "llm_input_tokens"
-	OutputEventName = "llm_output_tokens"
+	InputEventName  = overage.DefaultMeterInputEvent
+	OutputEventName = overage.DefaultMeterOutputEvent
 )
 
 // Exercise runs the suite against the Stripe API at baseURL.

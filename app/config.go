@@ -1,8 +1,12 @@
-package main
+package app
 
 import (
 	"errors"
 	"fmt"
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/workers"
+	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -35,29 +39,30 @@ type Config struct {
 	LogLevel                slog.Level
 }
 
-const defaultDatabaseURL = "postgres://postgres@localhost:5432/overage?sslmode=disable"
+// DefaultDatabaseURL is DATABASE_URL when it is unset.
+const DefaultDatabaseURL = "postgres://postgres@localhost:5432/overage?sslmode=disable"
 
 // LoadConfig reads the environment through getenv. Every malformed value is
 // reported, each naming its variable.
 func LoadConfig(getenv func(string) string) (*Config, error) {
-	c, bad := readConfig(getenv)
-	if err := bad.of(); err != nil {
+	c, bad := ReadConfig(getenv)
+	if err := bad.Of(); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-// badVars holds each malformed variable's error, in the order read.
-type badVars []badVar
+// BadVars holds each malformed variable's error, in the order read.
+type BadVars []badVar
 
 type badVar struct {
 	name string
 	err  error
 }
 
-// of reports the malformed variables among names (all of them when names
+// Of reports the malformed variables among names (all of them when names
 // is empty) in one error of one line, or nil.
-func (b badVars) of(names ...string) error {
+func (b BadVars) Of(names ...string) error {
 	var msgs []string
 	for _, v := range b {
 		if len(names) == 0 || slices.Contains(names, v.name) {
@@ -71,11 +76,11 @@ func (b badVars) of(names ...string) error {
 	return errors.New("configuration: " + strings.Join(msgs, "; "))
 }
 
-// readConfig reads every setting, recording malformed ones instead of
+// ReadConfig reads every setting, recording malformed ones instead of
 // failing, so a command can judge only the settings it uses.
-func readConfig(getenv func(string) string) (*Config, badVars) {
+func ReadConfig(getenv func(string) string) (*Config, BadVars) {
 	c := &Config{}
-	var errs badVars
+	var errs BadVars
 	bad := func(name string, err error) { errs = append(errs, badVar{name, err}) }
 	str := func(name, def string) string {
 		if v := getenv(name); v != "" {
@@ -107,23 +112,23 @@ func readConfig(getenv func(string) string) (*Config, badVars) {
 		}
 		return n
 	}
-	c.DatabaseURL = str("DATABASE_URL", defaultDatabaseURL)
+	c.DatabaseURL = str("DATABASE_URL", DefaultDatabaseURL)
 	c.ListenAddr = str("LISTEN_ADDR", "127.0.0.1:8080")
 	c.WorkListenAddr = getenv("WORK_LISTEN_ADDR")
 	c.StripeSecretKey = getenv("STRIPE_SECRET_KEY")
 	c.StripeAPIBase = str("STRIPE_API_BASE", "https://api.stripe.com")
 	c.StripeWebhookSecret = getenv("STRIPE_WEBHOOK_SECRET")
 	c.StripeRateLimit = float64(num("STRIPE_RATE_LIMIT", 1000))
-	c.MeterInputEvent = str("STRIPE_METER_INPUT_EVENT", "llm_input_tokens")
-	c.MeterOutputEvent = str("STRIPE_METER_OUTPUT_EVENT", "llm_output_tokens")
-	c.SweepInterval = dur("SWEEP_INTERVAL", 10*time.Minute)
-	c.SweepGrace = dur("SWEEP_GRACE", 10*time.Minute)
-	c.StripeIdempotencyWindow = dur("STRIPE_IDEMPOTENCY_WINDOW", 24*time.Hour)
-	c.ReportMaxAttempts = num("REPORT_MAX_ATTEMPTS", 5)
-	c.ReportWorkers = num("REPORT_WORKERS", 200)
-	c.ReportJobTimeout = dur("REPORT_JOB_TIMEOUT", time.Minute)
-	c.ReportBatchDelay = dur("REPORT_BATCH_DELAY", time.Second)
-	c.ReportBatchMax = num("REPORT_BATCH_MAX", 10000)
+	c.MeterInputEvent = str("STRIPE_METER_INPUT_EVENT", overage.DefaultMeterInputEvent)
+	c.MeterOutputEvent = str("STRIPE_METER_OUTPUT_EVENT", overage.DefaultMeterOutputEvent)
+	c.SweepInterval = dur("SWEEP_INTERVAL", workers.DefaultSweepInterval)
+	c.SweepGrace = dur("SWEEP_GRACE", workers.DefaultSweepGrace)
+	c.StripeIdempotencyWindow = dur("STRIPE_IDEMPOTENCY_WINDOW", overage.StripeIdempotencyWindow)
+	c.ReportMaxAttempts = num("REPORT_MAX_ATTEMPTS", outbox.DefaultMaxAttempts)
+	c.ReportWorkers = num("REPORT_WORKERS", workers.DefaultReportWorkers)
+	c.ReportJobTimeout = dur("REPORT_JOB_TIMEOUT", workers.DefaultJobTimeout)
+	c.ReportBatchDelay = dur("REPORT_BATCH_DELAY", outbox.DefaultBatchDelay)
+	c.ReportBatchMax = num("REPORT_BATCH_MAX", workers.DefaultBatchMax)
 	c.AdminToken = getenv("ADMIN_TOKEN")
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
@@ -138,3 +143,8 @@ func readConfig(getenv func(string) string) (*Config, badVars) {
 
 // LoadConfigFromEnv reads the process environment.
 func LoadConfigFromEnv() (*Config, error) { return LoadConfig(os.Getenv) }
+
+// NewLogger is the binary's logger: JSON lines on w from level up.
+func NewLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+}

@@ -1,0 +1,236 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"riverqueue.com/riverui"
+
+	"github.com/overage-billing/overage/api"
+	"github.com/overage-billing/overage/finance"
+	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/metrics"
+	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/tenants"
+	"github.com/overage-billing/overage/webhooks"
+)
+
+// ShutdownTimeout bounds how long in-flight requests may take to finish
+// after SIGTERM.
+const ShutdownTimeout = 25 * time.Second
+
+// Every request under /v1/ has a deadline. pgxpool has no acquire timeout:
+// without one, a request finding the pool full (a stalled database, a
+// burst) would wait without limit, and the client with it. Past the
+// deadline the database call fails and the request answers 503 with
+// Retry-After. An ingest transaction takes milliseconds; the finance
+// report may read many rows.
+const (
+	RequestTimeout      = 5 * time.Second
+	AdminRequestTimeout = time.Minute
+)
+
+// adminMaxConns is the pool of the finance report and the metrics scrape,
+// apart from the API's, so slow reports can hold at most these and never a
+// connection ingest needs. serveMaxConns counts it.
+const adminMaxConns = 4
+
+// Server is the HTTP API of `overage serve` on one listener. Tests start it
+// on 127.0.0.1:0 and read Addr.
+type Server struct {
+	pool      *pgxpool.Pool
+	adminPool *pgxpool.Pool
+	ownsPool  bool
+	riverUI   *riverui.Handler
+	// Registry is the one /metrics serves; `overage dev` adds its workers'.
+	Registry *prometheus.Registry
+	// Ingest is the service behind POST /v1/usage-events.
+	Ingest *ingest.Service
+	ln     net.Listener
+	http   *http.Server
+	logger *slog.Logger
+}
+
+// NewServer connects, listens and wires the API; Run serves it.
+func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, error) {
+	pool, err := OpenPool(ctx, cfg.DatabaseURL, ServeMaxConns-adminMaxConns)
+	if err != nil {
+		return nil, err
+	}
+	adminPool, err := OpenPool(ctx, cfg.DatabaseURL, adminMaxConns)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	s, err := wireServer(pool, adminPool, cfg, logger)
+	if err != nil {
+		pool.Close()
+		adminPool.Close()
+		return nil, err
+	}
+	s.ownsPool = true
+	return s, nil
+}
+
+// NewServerOn wires the API on a pool the caller owns.
+func NewServerOn(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
+	return wireServer(pool, pool, cfg, logger)
+}
+
+// wireServer wires the API on pool, and the finance report and metrics on
+// adminPool.
+func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
+	// Insert-only: `serve` runs no workers, it only puts jobs in the
+	// outbox inside its transactions.
+	rc, err := NewInsertClient(pool, logger)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("LISTEN_ADDR=%s: %w", cfg.ListenAddr, err)
+	}
+	reg := NewRegistry(adminPool, logger)
+	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
+		Endpoints: riverui.NewEndpoints(rc, nil), Logger: logger, Prefix: "/riverui",
+	})
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("river ui: %w", err)
+	}
+	svc := NewIngest(pool, rc, cfg)
+	handler := api.NewRouter(api.Config{
+		DB:     pool,
+		Logger: logger,
+		Handlers: []api.Mounter{
+			ingest.NewHandler(ingest.HandlerConfig{
+				Service: svc, Auth: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
+				Observer: metrics.NewIngest(reg),
+			}),
+			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
+			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger}),
+			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
+		},
+		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		RiverUI:    ui,
+		AdminToken: cfg.AdminToken,
+	})
+	return &Server{
+		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui, Registry: reg, Ingest: svc,
+		http: &http.Server{
+			Handler:           withDeadlines(handler),
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       30 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			// Requests keep running after ctx is done so a shutdown lets them
+			// finish instead of rolling back half the in-flight work.
+			BaseContext: func(net.Listener) context.Context { return context.Background() },
+		},
+	}, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Run serves until ctx is done, then stops taking requests and lets the
+// in-flight ones finish.
+func (s *Server) Run(ctx context.Context) error {
+	if err := s.riverUI.Start(ctx); err != nil {
+		return fmt.Errorf("start river ui: %w", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.http.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("http server: %w", err)
+	case <-ctx.Done():
+	}
+	s.logger.Info("shutting down: finishing in-flight requests")
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := s.http.Shutdown(sctx); err != nil {
+		return fmt.Errorf("http shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Pools are the API's pool and the finance report's (the same pool when
+// the caller gave one).
+func (s *Server) Pools() (api, admin *pgxpool.Pool) { return s.pool, s.adminPool }
+
+// Close releases the database pools, if the server opened them.
+func (s *Server) Close() {
+	if s.ownsPool {
+		s.pool.Close()
+		s.adminPool.Close()
+	}
+}
+
+// withDeadlines gives each API request its deadline (RequestTimeout).
+func withDeadlines(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		d := RequestTimeout
+		if strings.HasPrefix(r.URL.Path, "/v1/billing/") {
+			d = AdminRequestTimeout
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// NewRegistry returns a Prometheus registry with the process metrics and
+// the billing backlog read from pool at scrape time.
+func NewRegistry(pool *pgxpool.Pool, logger *slog.Logger) *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics.RegisterBacklog(reg, func(ctx context.Context) (metrics.Backlog, error) { return metrics.ReadBacklog(ctx, pool) }, logger)
+	return reg
+}
+
+// NewInsertClient is the insert-only River client of `overage serve`: it
+// runs no workers, it only puts jobs in the outbox inside its callers'
+// transactions.
+func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx.Tx], error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	rc, err := river.NewClient[pgx.Tx](riverpgxv5.New(pool), &river.Config{Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("river client: %w", err)
+	}
+	return rc, nil
+}
+
+// NewIngest is the ingest service of `overage serve`: its report jobs go
+// in through rc with cfg's attempts and batch delay.
+func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
+	return ingest.NewService(pool, NewInserter(rc, cfg))
+}
+
+// NewInserter puts report jobs in the outbox through rc with cfg's
+// attempts (REPORT_MAX_ATTEMPTS) and batch delay (REPORT_BATCH_DELAY).
+func NewInserter(rc *river.Client[pgx.Tx], cfg *Config) *outbox.Inserter {
+	return outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay)
+}
