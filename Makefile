@@ -19,11 +19,17 @@ COMMIT := $(shell git rev-parse HEAD 2>/dev/null)
 build: ## build bin/overage (overage version prints its commit)
 	$(GO) build -buildvcs=auto -ldflags "-X main.commit=$(COMMIT)" -o $(BIN) ./cmd/overage
 
-run: build ## migrate and run everything on its embedded default, with a demo burst
-	$(BIN) dev $(ARGS)
+# The development build: the production one plus `overage dev`, its demo,
+# the Stripe emulator and testcontainers (build tag dev).
+DEV_BIN ?= ./bin/overage-dev
 
+run: ## build the development binary; migrate and run everything on its embedded default, with a demo burst
+	$(GO) build -tags dev -buildvcs=auto -ldflags "-X main.commit=$(COMMIT)" -o $(DEV_BIN) ./cmd/overage
+	$(DEV_BIN) dev $(ARGS)
+
+# -tags dev: the tests cover `overage dev` too.
 test: ## every test, against a real PostgreSQL (DATABASE_URL), with the race detector
-	@$(WITH_TEST_DB) set -x; $(GO) test -race -count=1 -timeout 30m ./...
+	@$(WITH_TEST_DB) set -x; $(GO) test -tags dev -race -count=1 -timeout 30m ./...
 
 chaos: ## the fault tests at full size: 2,000 events with workers SIGKILLed and a faulty Stripe; a 15 s database outage
 	@$(WITH_TEST_DB) CHAOS_EVENTS=$${CHAOS_EVENTS:-2000} OUTAGE_SECONDS=$${OUTAGE_SECONDS:-15} $(GO) test -race -count=1 -timeout 30m -run '^(TestChaos|TestDatabaseOutageUnderLoad)$$' -v ./cmd/overage
@@ -40,8 +46,9 @@ fuzz: ## run each fuzz target for FUZZTIME (1m); a finding is written to the pac
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) -parallel $${FUZZ_PARALLEL:-2} "$${t%%:*}"; \
 	done
 
-lint: ## go vet and a gofmt check
+lint: ## go vet (both builds) and a gofmt check
 	$(GO) vet ./...
+	$(GO) vet -tags dev ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 bench: build ## ingest (HTTP vs pgbench) and drain (logs/s into the Stripe emulator) benchmarks

@@ -30,7 +30,7 @@ Usage:
   overage tenant list|show ...    tenants: allowance, Stripe customer, key ids (never a key), suspension
   overage tenant update ID ...    change a tenant's name, Stripe customer or allowance
   overage tenant key ...          another API key for a tenant (printed once), or revoke one at once
-  overage dev                     everything in one process, with a demo (see README)
+  overage dev                     everything in one process, with a demo (development build: make run)
   overage status [--tenant ID]    billed status per tenant and in total (--json for the API's object)
   overage reconcile ...           compare what the database billed with what Stripe holds
   overage review list|resolve     logs that must not be resent automatically, and an operator's decision
@@ -39,6 +39,10 @@ Usage:
 Configuration comes from the environment (see README.md); flags override it.
 Run "overage <command> --help" for a command's flags.
 `
+
+// devSynopsis is `overage dev`'s, in the development build and, to say
+// where it is, in the production one.
+const devSynopsis = "overage dev [--events N] [--keep-running] [--database-url URL]"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -323,3 +323,10 @@ func cmdTenantKey(ctx context.Context, e env, args []string) error {
 		return printJSON(e.stdout, k)
 	})
 }
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "NO"
+}

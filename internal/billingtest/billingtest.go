@@ -1,6 +1,7 @@
-// Package billingtest holds the one assertion every end-to-end billing test
-// ends with: what the Stripe emulator applied equals what PostgreSQL holds
-// as billed, and nothing was applied twice.
+// Package billingtest holds the one check every end-to-end billing test —
+// and the demo of `overage dev` — ends with: what the Stripe emulator
+// applied equals what PostgreSQL holds as billed, and nothing was applied
+// twice.
 package billingtest
 
 import (
@@ -26,30 +27,61 @@ const (
 // customer and meter, in the emulator's shape.
 func BilledTotals(t testing.TB, pool *pgxpool.Pool) map[emulator.AppliedKey]int64 {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.billing_status = $1 GROUP BY 1`, usagelog.StatusBilled)
+	want, err := Billed(context.Background(), pool, InputEvent, OutputEvent)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return want
+}
+
+// Billed returns the overage PostgreSQL holds as billed, per Stripe
+// customer and meter (named inputEvent and outputEvent), in the emulator's
+// shape: of the tenants given, or of every tenant when none is.
+func Billed(ctx context.Context, pool *pgxpool.Pool, inputEvent, outputEvent string, tenantIDs ...string) (map[emulator.AppliedKey]int64, error) {
+	var only []string
+	if len(tenantIDs) > 0 {
+		only = tenantIDs
+	}
+	rows, err := pool.Query(ctx, `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+		WHERE u.billing_status = $1 AND ($2::uuid[] IS NULL OR u.tenant_id = ANY($2::uuid[])) GROUP BY 1`, usagelog.StatusBilled, only)
+	if err != nil {
+		return nil, fmt.Errorf("billed totals: %w", err)
+	}
 	defer rows.Close()
-	want := map[emulator.AppliedKey]int64{}
+	billed := map[emulator.AppliedKey]int64{}
 	for rows.Next() {
 		var cus string
 		var in, out int64
 		if err := rows.Scan(&cus, &in, &out); err != nil {
-			t.Fatal(err)
+			return nil, fmt.Errorf("billed totals: %w", err)
 		}
 		if in > 0 {
-			want[emulator.AppliedKey{Customer: cus, EventName: InputEvent}] = in
+			billed[emulator.AppliedKey{Customer: cus, EventName: inputEvent}] = in
 		}
 		if out > 0 {
-			want[emulator.AppliedKey{Customer: cus, EventName: OutputEvent}] = out
+			billed[emulator.AppliedKey{Customer: cus, EventName: outputEvent}] = out
 		}
 	}
 	if err := rows.Err(); err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("billed totals: %w", err)
 	}
-	return want
+	return billed, nil
+}
+
+// Disagreement says how what the emulator applied differs from billed —
+// its totals per customer and meter, and any identifier it applied more
+// than once — or "" when Stripe holds exactly what PostgreSQL billed.
+func Disagreement(emu *emulator.Emulator, billed map[emulator.AppliedKey]int64) string {
+	if got := emu.Applied(); fmt.Sprint(got) != fmt.Sprint(billed) {
+		return fmt.Sprintf("Stripe applied %v\nPostgreSQL billed %v", got, billed)
+	}
+	for _, e := range emu.Events() {
+		if n := emu.AppliedCount(e.Identifier); n != 1 {
+			return fmt.Sprintf("identifier %s applied %d times", e.Identifier, n)
+		}
+	}
+	return ""
 }
 
 // RequireStripeMatchesBilled fails t unless the emulator's applied totals
@@ -57,14 +89,10 @@ func BilledTotals(t testing.TB, pool *pgxpool.Pool) map[emulator.AppliedKey]int6
 // no identifier was applied more than once.
 func RequireStripeMatchesBilled(t testing.TB, pool *pgxpool.Pool, emu *emulator.Emulator) {
 	t.Helper()
-	want := BilledTotals(t, pool)
-	if got := emu.Applied(); fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("Stripe applied %v\nPostgreSQL billed %v", got, want)
+	if d := Disagreement(emu, BilledTotals(t, pool)); d != "" {
+		t.Fatal(d)
 	}
 	for _, e := range emu.Events() {
-		if n := emu.AppliedCount(e.Identifier); n != 1 {
-			t.Fatalf("identifier %s applied %d times", e.Identifier, n)
-		}
 		// Every event Stripe took is one accepted report, with the value
 		// and timestamp committed for it before its first send.
 		var value int64
