@@ -25,6 +25,8 @@ import (
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/workers"
+	"github.com/riverqueue/river"
+	"slices"
 )
 
 // bundle is one test's world (worktest) and the Resolver.
@@ -107,18 +109,35 @@ type jobRow struct {
 	State string
 }
 
-// reportJobs lists the River report jobs of a log.
+// reportJobs lists, through River, the report jobs of a log's tenant, in
+// the order they were inserted.
 func (b *bundle) reportJobs(t *testing.T, id uuid.UUID) []jobRow {
 	t.Helper()
-	rows, err := b.Pool.Query(context.Background(), `SELECT id, state::text FROM river_job WHERE kind = $1
-		AND args->>'tenant_id' = (SELECT tenant_id::text FROM usage_logs WHERE id = $2) ORDER BY id`,
-		outbox.ReportArgs{}.Kind(), id)
+	var tenant uuid.UUID
+	if err := b.Pool.QueryRow(context.Background(), `SELECT tenant_id FROM usage_logs WHERE id = $1`, id).Scan(&tenant); err != nil {
+		t.Fatal(err)
+	}
+	return b.tenantReportJobs(t, tenant, time.Time{})
+}
+
+// tenantReportJobs lists, through River, the tenant's report jobs created
+// at since or later.
+func (b *bundle) tenantReportJobs(t *testing.T, tenant uuid.UUID, since time.Time) []jobRow {
+	t.Helper()
+	res, err := b.River.JobList(context.Background(), river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).
+		OrderBy(river.JobListOrderByID, river.SortOrderAsc).First(10000))
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[jobRow])
-	if err != nil {
-		t.Fatal(err)
+	var out []jobRow
+	for _, j := range res.Jobs {
+		var args outbox.ReportArgs
+		if err := json.Unmarshal(j.EncodedArgs, &args); err != nil {
+			t.Fatal(err)
+		}
+		if args.TenantID == tenant && !j.CreatedAt.Before(since) {
+			out = append(out, jobRow{ID: j.ID, State: string(j.State)})
+		}
 	}
 	return out
 }
@@ -387,10 +406,8 @@ func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing
 	if n := len(b.Emu.Requests()); n != sent {
 		t.Fatalf("billed and void sent %d requests to Stripe", n-sent)
 	}
-	var jobs int
-	if err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = $1 AND created_at >= $3
-		AND args->>'tenant_id' = $2`, outbox.ReportArgs{}.Kind(), b.Tenants["cus_gone"].ID.String(), decided).Scan(&jobs); err != nil || jobs != 0 {
-		t.Fatalf("%d report jobs queued for resolved logs (%v)", jobs, err)
+	if jobs := b.tenantReportJobs(t, b.Tenants["cus_gone"].ID, decided); len(jobs) != 0 {
+		t.Fatalf("report jobs queued for resolved logs: %+v", jobs)
 	}
 }
 
@@ -420,7 +437,13 @@ func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
 	if e.RetryAfter < 23*time.Hour || e.RetryAfter > 24*time.Hour || !strings.Contains(e.Message, "--force") {
 		t.Fatalf("refusal %+v", e)
 	}
-	time.Sleep(500 * time.Millisecond) // anything queued would have run by now
+	// Nothing can send it later: River lists no report job that could
+	// still run for the tenant.
+	for _, j := range b.reportJobs(t, id) {
+		if !slices.Contains([]string{"completed", "cancelled", "discarded"}, j.State) {
+			t.Fatalf("a refused resend left report job %+v to run", j)
+		}
+	}
 	if l := b.log(t, id); l.Status != overage.BillingStatusNeedsReview || len(b.Emu.Requests()) != sent || len(b.audit(t, id)) != 0 {
 		t.Fatalf("a refused resend changed something: log %+v, %d requests, audit %+v", l, len(b.Emu.Requests())-sent, b.audit(t, id))
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/webhooks"
 	"github.com/overage-billing/overage/workers"
+	"github.com/riverqueue/river/rivertype"
 )
 
 const secret = "whsec_test_secret"
@@ -151,8 +152,19 @@ func (h *harness) count(t *testing.T, q string, args ...any) int {
 	return n
 }
 
-func (h *harness) webhookJobs(t *testing.T) int {
-	return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1`, outbox.ProcessWebhookArgs{}.Kind())
+// webhookJobs counts the webhook jobs River lists, in the states given (in
+// any state when none is).
+func (h *harness) webhookJobs(t *testing.T, states ...rivertype.JobState) int {
+	t.Helper()
+	p := river.NewJobListParams().Kinds(outbox.ProcessWebhookArgs{}.Kind()).First(1000)
+	if len(states) > 0 {
+		p = p.States(states...)
+	}
+	res, err := h.rc.JobList(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(res.Jobs)
 }
 
 func (h *harness) waitAllProcessed(t *testing.T, n int) {
@@ -264,7 +276,7 @@ func TestSameDeliveryTwiceIsProcessedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll.Until(t, "the job to complete", 20*time.Second, func() bool {
-		return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed'`, outbox.ProcessWebhookArgs{}.Kind()) == 1
+		return h.webhookJobs(t, rivertype.JobStateCompleted) == 1
 	})
 	h.deliver(t, body) // after processing: nothing new
 	if n := h.webhookJobs(t); n != 1 {
@@ -302,15 +314,16 @@ func TestStoredButUnprocessedEventIsProcessedAfterACrash(t *testing.T) {
 	h.deliver(t, body)
 	// The process dies before the job runs and the job is lost (cleaned up,
 	// discarded): the row alone says it is not done.
-	if _, err := h.pool.Exec(context.Background(), `DELETE FROM river_job`); err != nil {
+	if _, err := h.rc.JobDeleteMany(context.Background(), river.NewJobDeleteManyParams().Kinds(outbox.ProcessWebhookArgs{}.Kind())); err != nil {
 		t.Fatal(err)
 	}
-	stop := h.startProcessor(t)
-	time.Sleep(200 * time.Millisecond)
-	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NULL`); n != 1 {
-		t.Fatal("processed without a job?")
+	// Nothing is left that could process it: River lists no webhook job.
+	if n := h.webhookJobs(t); n != 0 {
+		t.Fatalf("%d webhook jobs left after deleting them", n)
 	}
-	stop()
+	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NULL`); n != 1 {
+		t.Fatal("the stored event is not waiting to be processed")
+	}
 	// Stripe redelivers: the duplicate gets a job, the restarted worker applies it.
 	res, err := h.handler.Store(context.Background(), webhooks.StoredEvent{ID: "evt_crash", Account: webhooks.PlatformAccount, Type: "customer.deleted", Payload: body})
 	if err != nil || !res.Duplicate || !res.Requeued {
