@@ -271,10 +271,7 @@ type apiCase struct {
 	// undocumented names the components.responses entry that describes the
 	// answer to a path or method the document does not list.
 	undocumented string
-	// billing marks a case of GET /v1/billing/status, which is being built
-	// in parallel: skipped while that route answers 404.
-	billing bool
-	check   func(t *testing.T, f *fixture, r *result)
+	check        func(t *testing.T, f *fixture, r *result)
 }
 
 type inflight struct {
@@ -294,7 +291,6 @@ type fixture struct {
 
 	alice, bob, capped *tenants.Created
 	revokedKey         string
-	noBillingRoute     bool
 
 	body1, body1Reordered string
 	logID                 string
@@ -363,14 +359,6 @@ func newFixture(t *testing.T) *fixture {
 		first_attempt_at = now(), billing_message = 'No such customer: ''cus_alice''' WHERE id = $1`)
 	f.reviewID = f.seed(t, "seed-review", event(20, 2), `UPDATE usage_logs SET billing_status = 'needs_review',
 		first_attempt_at = now() - interval '25 hours', input_accepted_at = now() - interval '25 hours' WHERE id = $1`)
-
-	// GET /v1/billing/status is being built in parallel: its cases run
-	// once the route answers anything but 404.
-	r, err := f.send(ctx, get("/v1/billing/status", apitest.AdminToken))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.noBillingRoute = r.status == http.StatusNotFound && strings.Contains(string(r.body), problemBase+"not-found")
 	return f
 }
 
@@ -546,9 +534,6 @@ func (f *fixture) problem(t *testing.T, c apiCase, r *result) {
 
 func (f *fixture) run(t *testing.T, c apiCase) {
 	t.Helper()
-	if c.billing && f.noBillingRoute {
-		t.Skip("GET /v1/billing/status answers 404: the finance route is not mounted yet")
-	}
 	var cl call
 	var r *result
 	if c.awaitInflight {
@@ -973,10 +958,10 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call { return get("/v1/nope", alice(f)) }},
 
 		// GET /v1/billing/status.
-		{name: "200 billing status", status: 200, billing: true,
+		{name: "200 billing status", status: 200,
 			req:   func(f *fixture) call { return get("/v1/billing/status", apitest.AdminToken) },
 			check: billingTotals},
-		{name: "200 billing status of one tenant", status: 200, billing: true,
+		{name: "200 billing status of one tenant", status: 200,
 			req: func(f *fixture) call {
 				return get("/v1/billing/status?tenant_id="+f.alice.ID.String(), apitest.AdminToken)
 			},
@@ -986,15 +971,15 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("tenants = %v, want alice alone", ts)
 				}
 			}},
-		{name: "400 billing status, tenant_id not a UUID", status: 400, problem: "malformed-request", field: "tenant_id", docRefuses: true, billing: true,
+		{name: "400 billing status, tenant_id not a UUID", status: 400, problem: "malformed-request", field: "tenant_id", docRefuses: true,
 			req: func(f *fixture) call { return get("/v1/billing/status?tenant_id=alice", apitest.AdminToken) }},
-		{name: "404 billing status, unknown tenant", status: 404, problem: "not-found", billing: true,
+		{name: "404 billing status, unknown tenant", status: 404, problem: "not-found",
 			req: func(f *fixture) call {
 				return get("/v1/billing/status?tenant_id=0192f3a4-5b6c-7d8e-9f01-23456789abcd", apitest.AdminToken)
 			}},
-		{name: "401 billing status without token", status: 401, problem: "unauthorized", docRefuses: true, billing: true,
+		{name: "401 billing status without token", status: 401, problem: "unauthorized", docRefuses: true,
 			req: func(f *fixture) call { return get("/v1/billing/status", "") }},
-		{name: "401 billing status with a tenant key", status: 401, problem: "unauthorized", billing: true,
+		{name: "401 billing status with a tenant key", status: 401, problem: "unauthorized",
 			req: func(f *fixture) call { return get("/v1/billing/status", alice(f)) }},
 
 		// 409 in progress: the first request with a key holds it while it
@@ -1041,7 +1026,7 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call { return get("/v1/usage-events/"+f.logID, alice(f)) }},
 		{name: "500 webhook, internal error", status: 500, problem: "internal",
 			req: func(f *fixture) call { return signedWebhook(stripeEvent("evt_apitest_500")) }},
-		{name: "500 billing status, internal error", status: 500, problem: "internal", billing: true,
+		{name: "500 billing status, internal error", status: 500, problem: "internal",
 			req:   func(f *fixture) call { return get("/v1/billing/status", apitest.AdminToken) },
 			after: renameTables("_hidden", "")},
 		{name: "202 the key of a 500 was not stored", status: 202,
@@ -1068,7 +1053,7 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 		{name: "503 webhook, database down", status: 503, problem: "service-unavailable",
 			req:   func(f *fixture) call { return signedWebhook(stripeEvent("evt_apitest_down")) },
 			check: retryAfter},
-		{name: "503 billing status, database down", status: 503, problem: "service-unavailable", billing: true,
+		{name: "503 billing status, database down", status: 503, problem: "service-unavailable",
 			req:   func(f *fixture) call { return get("/v1/billing/status", apitest.AdminToken) },
 			check: retryAfter,
 			after: func(t *testing.T, f *fixture) { f.proxy.SetDown(false) }},
@@ -1091,9 +1076,6 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 	// without a case here, or a case lost, fails.
 	for path, item := range f.doc.Paths.Map() {
 		for method, op := range item.Operations() {
-			if op.OperationID == "getBillingStatus" && f.noBillingRoute {
-				continue
-			}
 			if slices.Contains(op.Tags, "tenants") {
 				continue // TestTenantAPIConformsToOpenAPI
 			}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -233,13 +232,8 @@ func TestChaos(t *testing.T) {
 	_ = cmd.Wait()
 	t.Logf("killed the worker with %d of %d billable logs billed; its stderr:\n%s", count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'"), billable, tail(stderr.String(), 5))
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	healthAddr := ln.Addr().String()
-	_ = ln.Close()
-	cmd, stderr = startWorker("WORK_LISTEN_ADDR=" + healthAddr)
+	cmd, stderr = startWorker("WORK_LISTEN_ADDR=127.0.0.1:0", "LOG_LEVEL=info")
+	healthAddr := loggedAddr(t, stderr, "work health and metrics")
 	deadline = time.Now().Add(4 * time.Minute)
 	for count("SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'") > 0 {
 		if time.Now().After(deadline) {
@@ -251,7 +245,7 @@ func TestChaos(t *testing.T) {
 	// reports it made.
 	metricsBody := ""
 	for range 100 {
-		res, err := http.Get("http://" + healthAddr + "/metrics")
+		res, err := httpClient.Get("http://" + healthAddr + "/metrics")
 		if err == nil {
 			b, _ := io.ReadAll(res.Body)
 			res.Body.Close()
@@ -267,7 +261,7 @@ func TestChaos(t *testing.T) {
 			t.Fatalf("work /metrics lacks %q:\n%s", want, tail(metricsBody, 40))
 		}
 	}
-	if res, err := http.Get("http://" + healthAddr + "/healthz"); err != nil || res.StatusCode != http.StatusOK {
+	if res, err := httpClient.Get("http://" + healthAddr + "/healthz"); err != nil || res.StatusCode != http.StatusOK {
 		t.Fatalf("work /healthz: %v", err)
 	}
 	if strings.Contains(stderr.String(), "sk_test_123") {
@@ -363,7 +357,7 @@ func postEvent(t *testing.T, addr, apiKey, key, body string) int {
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	for attempt := 0; ; attempt++ {
-		res, err := http.DefaultClient.Do(req)
+		res, err := httpClient.Do(req)
 		if err != nil {
 			t.Errorf("post: %v", err)
 			return 0

@@ -145,7 +145,3 @@ func TestDevKeepRunningPrintsAdminAccess(t *testing.T) {
 		}
 	}
 }
-
-// httpClient bounds each request of these tests: a server that stops
-// answering fails the test instead of hanging it.
-var httpClient = &http.Client{Timeout: 10 * time.Second}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/syncbuf"
 )
 
@@ -113,17 +113,30 @@ func (c *child) stop(t *testing.T, grace time.Duration) (error, time.Duration) {
 	}
 }
 
-// freeAddr returns a loopback address nothing listens on.
-func freeAddr(t *testing.T) string {
+// loggedAddr waits for the start-up log line msg ("serving", or "work
+// health and metrics") in a child's stderr and returns the address it
+// names. Children listen on port 0 (with LOG_LEVEL=info, so they say
+// where): a port reserved by listening and closing could be taken by any
+// other process before the child binds it.
+func loggedAddr(t *testing.T, stderr *syncbuf.Buffer, msg string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
+	var addr string
+	poll.Until(t, fmt.Sprintf("the %q log line and its address", msg), 30*time.Second, func() bool {
+		for _, line := range strings.Split(stderr.String(), "\n") {
+			var l struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg && l.Addr != "" {
+				addr = l.Addr
+				return true
+			}
+		}
+		return false
+	})
 	return addr
 }
+
+// httpClient bounds each request of these tests: a server that stops
+// answering fails the test instead of hanging it.
+var httpClient = &http.Client{Timeout: 30 * time.Second}
 
 // answer is one HTTP answer to a usage event.
 type answer struct {

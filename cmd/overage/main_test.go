@@ -117,7 +117,7 @@ func TestServeEndToEnd(t *testing.T) {
 			strings.NewReader(`{"user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1}`))
 		req.Header.Set("Authorization", "Bearer "+tenant.APIKey)
 		req.Header.Set("Idempotency-Key", "e2e-1")
-		res, err := http.DefaultClient.Do(req)
+		res, err := httpClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +135,7 @@ func TestServeEndToEnd(t *testing.T) {
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)
 		}
-		res, err := http.DefaultClient.Do(req)
+		res, err := httpClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func TestServeEndToEnd(t *testing.T) {
 	// A key made over HTTP is in its answer only.
 	req, _ := http.NewRequest(http.MethodPost, "http://"+srv.Addr()+"/v1/tenants", strings.NewReader(`{"name":"Globex","stripe_customer_id":"cus_2"}`))
 	req.Header.Set("Authorization", "Bearer "+adminToken)
-	res, err := http.DefaultClient.Do(req)
+	res, err := httpClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

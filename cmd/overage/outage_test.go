@@ -44,20 +44,20 @@ func TestDatabaseOutageUnderLoad(t *testing.T) {
 	}
 	t.Cleanup(emu.Close)
 
-	addr, workAddr := freeAddr(t), freeAddr(t)
 	poolSize := "&pool_max_conns=8" // small pools: two cores, parallel tests
-	serve := startChild(t, "serve", "DATABASE_URL="+viaProxy+poolSize, "LISTEN_ADDR="+addr)
-	work := startChild(t, "work", "DATABASE_URL="+viaProxy+poolSize, "WORK_LISTEN_ADDR="+workAddr,
+	serve := startChild(t, "serve", "DATABASE_URL="+viaProxy+poolSize, "LISTEN_ADDR=127.0.0.1:0", "LOG_LEVEL=info")
+	work := startChild(t, "work", "DATABASE_URL="+viaProxy+poolSize, "WORK_LISTEN_ADDR=127.0.0.1:0", "LOG_LEVEL=info",
 		"STRIPE_SECRET_KEY=sk_test_123", "STRIPE_API_BASE="+stripeURL,
 		"SWEEP_INTERVAL=1s", "SWEEP_GRACE=2s", "REPORT_JOB_TIMEOUT=3s", "REPORT_MAX_ATTEMPTS=5", "REPORT_WORKERS=8")
 	ready := func(a string) bool {
-		res, err := http.Get("http://" + a + "/readyz")
+		res, err := httpClient.Get("http://" + a + "/readyz")
 		if err != nil {
 			return false
 		}
 		res.Body.Close()
 		return res.StatusCode == http.StatusOK
 	}
+	addr, workAddr := loggedAddr(t, serve.stderr, "serving"), loggedAddr(t, work.stderr, "work health and metrics")
 	poll.Until(t, "serve and work ready", 30*time.Second, func() bool { return ready(addr) && ready(workAddr) })
 
 	fl := newFlood(addr, w.apiKey)

@@ -93,7 +93,7 @@ func TestSlowStatusDoesNotStarveIngest(t *testing.T) {
 			defer reports.Done()
 			req, _ := http.NewRequestWithContext(statusCtx, http.MethodGet, "http://"+srv.Addr()+"/v1/billing/status", nil)
 			req.Header.Set("Authorization", "Bearer admin")
-			if res, err := http.DefaultClient.Do(req); err == nil {
+			if res, err := httpClient.Do(req); err == nil {
 				res.Body.Close()
 			}
 		}()

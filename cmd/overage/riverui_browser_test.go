@@ -38,7 +38,7 @@ func TestRiverUIOpensInABrowser(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/usage-events", strings.NewReader(`{"user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1}`))
 	req.Header.Set("Authorization", "Bearer "+mustField(t, out, "api_key"))
 	req.Header.Set("Idempotency-Key", "browser-1")
-	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != http.StatusAccepted {
+	if res, err := httpClient.Do(req); err != nil || res.StatusCode != http.StatusAccepted {
 		t.Fatalf("record an event: %v %v", res, err)
 	} else {
 		_, _ = io.Copy(io.Discard, res.Body)

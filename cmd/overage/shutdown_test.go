@@ -19,10 +19,10 @@ func TestServeShutdownUnderLoad(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabase(t)
 	w := newFaultWorld(t, dbURL)
-	addr := freeAddr(t)
-	serve := startChild(t, "serve", "DATABASE_URL="+dbURL+"&pool_max_conns=8", "LISTEN_ADDR="+addr)
+	serve := startChild(t, "serve", "DATABASE_URL="+dbURL+"&pool_max_conns=8", "LISTEN_ADDR=127.0.0.1:0", "LOG_LEVEL=info")
+	addr := loggedAddr(t, serve.stderr, "serving")
 	poll.Until(t, "serve ready", 30*time.Second, func() bool {
-		res, err := http.Get("http://" + addr + "/readyz")
+		res, err := httpClient.Get("http://" + addr + "/readyz")
 		if err == nil {
 			res.Body.Close()
 		}

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -45,12 +44,12 @@ func TestStripeDownForHours(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emu.Close)
-	workAddr := freeAddr(t)
-	work := startChild(t, "work", "DATABASE_URL="+dbURL+"&pool_max_conns=10", "WORK_LISTEN_ADDR="+workAddr,
+	work := startChild(t, "work", "DATABASE_URL="+dbURL+"&pool_max_conns=10", "WORK_LISTEN_ADDR=127.0.0.1:0", "LOG_LEVEL=info",
 		"STRIPE_SECRET_KEY=sk_test_123", "STRIPE_API_BASE="+stripeURL, "STRIPE_IDEMPOTENCY_WINDOW="+window.String(),
 		"SWEEP_INTERVAL=1s", "SWEEP_GRACE=1s", "REPORT_JOB_TIMEOUT=3s", "REPORT_MAX_ATTEMPTS=2", "REPORT_WORKERS=8")
+	workAddr := loggedAddr(t, work.stderr, "work health and metrics")
 	metric := func(name string) string {
-		res, err := http.Get("http://" + workAddr + "/metrics")
+		res, err := httpClient.Get("http://" + workAddr + "/metrics")
 		if err != nil {
 			return ""
 		}

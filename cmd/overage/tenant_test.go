@@ -33,7 +33,7 @@ func TestTenantCommandsAndAPIManageTenantsAndKeys(t *testing.T) {
 		req.Header.Set("Content-Type", "application/json")
 		sent++
 		req.Header.Set("Idempotency-Key", fmt.Sprintf("k-%d", sent))
-		res, err := http.DefaultClient.Do(req)
+		res, err := httpClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
