@@ -18,6 +18,7 @@ import (
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/migrations"
+	"github.com/overage-billing/overage/review"
 )
 
 func TestCountersFollowIngestWorkerAndSweepWrites(t *testing.T) {
@@ -427,28 +428,29 @@ func TestNeedsReviewListsParkedLogs(t *testing.T) {
 	record(t, e.Server, bob, 4, 4) // stays pending
 	park(t, e.Pool, a1, a2, b1)
 
-	logs, err := finance.NeedsReview(ctx, e.Pool, nil, 10)
+	needsReview := []overage.BillingStatus{overage.BillingStatusNeedsReview}
+	logs, err := review.List(ctx, e.Pool, review.ListParams{Statuses: needsReview, Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []uuid.UUID
 	for _, l := range logs {
-		got = append(got, l.ID)
-		if !strings.Contains(l.Message, "idempotency window") || l.FirstAttemptAt == nil {
+		got = append(got, l.UsageLogID)
+		if !strings.Contains(l.Reason, "idempotency window") || l.FirstAttemptAt == nil {
 			t.Fatalf("log in review without its reason: %+v", l)
 		}
 	}
 	if fmt.Sprint(got) != fmt.Sprint([]uuid.UUID{a1, a2, b1}) {
 		t.Fatalf("in review = %v, want %v", got, []uuid.UUID{a1, a2, b1})
 	}
-	if logs, _ := finance.NeedsReview(ctx, e.Pool, &bob.ID, 10); len(logs) != 1 || logs[0].ID != b1 || logs[0].OverageInputTokens != 3 {
+	if logs, _ := review.List(ctx, e.Pool, review.ListParams{TenantID: &bob.ID, Statuses: needsReview, Limit: 10}); len(logs) != 1 || logs[0].UsageLogID != b1 || logs[0].OverageInputTokens != 3 {
 		t.Fatalf("bob in review = %+v", logs)
 	}
-	if logs, _ := finance.NeedsReview(ctx, e.Pool, nil, 2); len(logs) != 2 {
+	if logs, _ := review.List(ctx, e.Pool, review.ListParams{Statuses: needsReview, Limit: 2}); len(logs) != 2 {
 		t.Fatalf("limit 2 gave %d", len(logs))
 	}
 	var sb strings.Builder
-	if err := finance.WriteNeedsReview(&sb, logs); err != nil || !strings.Contains(sb.String(), b1.String()) {
-		t.Fatalf("WriteNeedsReview = %q, %v", sb.String(), err)
+	if err := review.WriteTable(&sb, logs); err != nil || !strings.Contains(sb.String(), b1.String()) {
+		t.Fatalf("WriteTable = %q, %v", sb.String(), err)
 	}
 }

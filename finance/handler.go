@@ -13,14 +13,14 @@ import (
 
 // Handler serves the finance endpoints.
 type Handler struct {
-	db         DB
+	db         overage.DB
 	adminToken string
 	logger     *slog.Logger
 }
 
 // HandlerConfig wires a Handler.
 type HandlerConfig struct {
-	DB DB
+	DB overage.DB
 	// AdminToken is the bearer token of the finance API (ADMIN_TOKEN).
 	// Empty refuses every request.
 	AdminToken string

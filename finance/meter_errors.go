@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/overage-billing/overage"
 )
 
 // MeterError is one billing.meter.error_report_triggered event Stripe sent:
@@ -21,7 +22,7 @@ type MeterError struct {
 }
 
 // MeterErrors returns the most recent meter error reports, newest first.
-func MeterErrors(ctx context.Context, db DB, limit int) ([]MeterError, error) {
+func MeterErrors(ctx context.Context, db overage.DB, limit int) ([]MeterError, error) {
 	rows, err := db.Query(ctx, `SELECT meter_id, summary, error_count, reported_at, created_at
 		FROM meter_error_reports ORDER BY created_at DESC LIMIT $1`, limit)
 	if err != nil {

@@ -11,13 +11,6 @@ import (
 	"github.com/overage-billing/overage"
 )
 
-// DB is what Status and NeedsReview read with; *pgxpool.Pool, *pgx.Conn
-// and pgx.Tx satisfy it.
-type DB interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Beginner is what RebuildCounters writes with; *pgxpool.Pool and
 // *pgx.Conn satisfy it.
 type Beginner interface {
@@ -119,7 +112,7 @@ var (
 // tenantID is set (then Totals are that tenant's). An unknown tenant is
 // overage.ENOTFOUND. A database that cannot be reached is
 // overage.EUNAVAILABLE.
-func Status(ctx context.Context, db DB, tenantID *uuid.UUID) (*Report, error) {
+func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, error) {
 	var rows pgx.Rows
 	var err error
 	if tenantID == nil {

@@ -12,9 +12,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
 )
 
@@ -198,15 +198,10 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 }
 
-// Querier is what ReadBacklog needs of a pool.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // ReadBacklog reads the backlog from the finance counters (a few rows per
 // tenant) and the partial index on pending logs, so a scrape stays cheap at
 // millions of logs.
-func ReadBacklog(ctx context.Context, db Querier) (Backlog, error) {
+func ReadBacklog(ctx context.Context, db overage.DB) (Backlog, error) {
 	var b Backlog
 	err := db.QueryRow(ctx, `SELECT
 			coalesce(sum(usage_logs) FILTER (WHERE billing_status = 'pending'), 0)::bigint,

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
@@ -38,12 +37,6 @@ const DayLayout = "2006-01-02"
 // maxFutureSkew is how far ahead of now a usage timestamp (and so a meter
 // event) may be.
 const maxFutureSkew = overage.MaxFutureSkew
-
-// Querier is what Run needs of the database; *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx implement it.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
 
 // Params says what to reconcile.
 type Params struct {
@@ -169,7 +162,7 @@ type activityKey struct {
 // read; stripe is only read. An error means no verdict (a refused Stripe
 // call, a meter that does not sum, an unknown tenant); differences are not
 // errors — see Report.OK.
-func Run(ctx context.Context, db Querier, stripe stripeclient.SummaryReader, p Params) (*Report, error) {
+func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, p Params) (*Report, error) {
 	if db == nil || stripe == nil {
 		return nil, errors.New("reconcile: a database and a Stripe summary reader are required")
 	}
@@ -325,7 +318,7 @@ func utcDay(t time.Time) time.Time { return t.UTC().Truncate(24 * time.Hour) }
 
 // scope returns the customers in scope and, with a tenant filter, the ids
 // of their tenants (nil without a filter: every tenant).
-func scope(ctx context.Context, db Querier, tenantID *uuid.UUID) ([]Customer, []uuid.UUID, error) {
+func scope(ctx context.Context, db overage.DB, tenantID *uuid.UUID) ([]Customer, []uuid.UUID, error) {
 	q := `SELECT id, name, stripe_customer_id FROM tenants ORDER BY stripe_customer_id, id`
 	var args []any
 	if tenantID != nil {
@@ -371,7 +364,7 @@ func scope(ctx context.Context, db Querier, tenantID *uuid.UUID) ([]Customer, []
 
 // billed sums billed overage per (customer, meter, day) over [from, end),
 // and flags the (customer, day) pairs with billing activity after cutoff.
-func billed(ctx context.Context, db Querier, from, end, cutoff time.Time, tenantIDs []uuid.UUID, inputEvent, outputEvent string) (map[rowKey]int64, map[activityKey]bool, error) {
+func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, tenantIDs []uuid.UUID, inputEvent, outputEvent string) (map[rowKey]int64, map[activityKey]bool, error) {
 	// not_billable logs are never sent; every other status may have
 	// touched Stripe, so all count towards activity, only billed ones
 	// towards the sums. greatest() ignores NULLs.

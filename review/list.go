@@ -15,11 +15,6 @@ import (
 	"github.com/overage-billing/overage/usagelog"
 )
 
-// DB is what List reads with: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type DB interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // Item is a usage log waiting for an operator: needs_review (its first send
 // is older than Stripe's idempotency window allows for an automatic resend)
 // or failed (Stripe refused it with an error a retry cannot fix).
@@ -70,14 +65,36 @@ func (it Item) Identifiers() []string {
 	return out
 }
 
-// List returns the usage logs in needs_review or failed, of one tenant when
-// tenantID is set, oldest first (by when they were recorded). It never
+// ListParams narrow List.
+type ListParams struct {
+	// TenantID names one tenant; nil lists every tenant's.
+	TenantID *uuid.UUID
+	// Statuses are the statuses listed: needs_review and failed when empty.
+	Statuses []overage.BillingStatus
+	// Limit bounds how many logs are listed; 0 lists them all.
+	Limit int
+}
+
+// List returns the usage logs waiting for an operator (p narrows them),
+// oldest first (by when they were recorded). It is the one list of them:
+// `overage review list` and `overage status` both print it. It never
 // returns nil, so the JSON of an empty list is [].
 //
 // It walks the tenants and, per tenant, the (tenant_id, billing_status)
 // index of usage_logs, so it reads only the logs it returns, however large
 // the table.
-func List(ctx context.Context, db DB, tenantID *uuid.UUID) ([]Item, error) {
+func List(ctx context.Context, db overage.DB, p ListParams) ([]Item, error) {
+	statuses := []string{string(usagelog.StatusNeedsReview), string(usagelog.StatusFailed)}
+	if len(p.Statuses) > 0 {
+		statuses = statuses[:0]
+		for _, s := range p.Statuses {
+			statuses = append(statuses, string(s))
+		}
+	}
+	var limit *int
+	if p.Limit > 0 {
+		limit = &p.Limit
+	}
 	rows, err := db.Query(ctx, `
 		SELECT u.id, t.id, t.name, t.stripe_customer_id, u.billing_status, coalesce(u.billing_message, ''),
 			u.first_attempt_at, u.ts, u.created_at, u.overage_input_tokens, u.overage_output_tokens,
@@ -88,7 +105,8 @@ func List(ctx context.Context, db DB, tenantID *uuid.UUID) ([]Item, error) {
 			WHERE u.tenant_id = t.id AND u.billing_status = ANY($2)
 		) u
 		WHERE $1::uuid IS NULL OR t.id = $1::uuid
-		ORDER BY u.created_at, u.id`, tenantID, []string{string(usagelog.StatusNeedsReview), string(usagelog.StatusFailed)})
+		ORDER BY u.created_at, u.id
+		LIMIT $3::int`, p.TenantID, statuses, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list usage logs to review: %w", err)
 	}

@@ -211,7 +211,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 	})
 	oldJob := b.reportJobs(t, parked)[0].ID
 
-	items, err := review.List(context.Background(), b.Pool, nil)
+	items, err := review.List(context.Background(), b.Pool, review.ListParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,11 +233,11 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 		t.Fatalf("failed item %+v", f)
 	}
 	gone := b.Tenants["cus_gone"].ID
-	if only, err := review.List(context.Background(), b.Pool, &gone); err != nil || len(only) != 1 || only[0].UsageLogID != failed {
+	if only, err := review.List(context.Background(), b.Pool, review.ListParams{TenantID: &gone}); err != nil || len(only) != 1 || only[0].UsageLogID != failed {
 		t.Fatalf("list of one tenant: %+v %v", only, err)
 	}
 	ok := b.Tenants["cus_ok"].ID
-	if none, err := review.List(context.Background(), b.Pool, &ok); err != nil || none == nil || len(none) != 0 {
+	if none, err := review.List(context.Background(), b.Pool, review.ListParams{TenantID: &ok}); err != nil || none == nil || len(none) != 0 {
 		t.Fatalf("list of a tenant with nothing to review: %#v %v", none, err)
 	}
 	var table bytes.Buffer
@@ -400,7 +400,7 @@ func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing
 		t.Fatalf("%d won, %d refused, %d audit rows; want 1, 7, 1", won.Load(), refused.Load(), len(b.audit(t, gone[2])))
 	}
 
-	if items, err := review.List(ctx, b.Pool, nil); err != nil || len(items) != 0 {
+	if items, err := review.List(ctx, b.Pool, review.ListParams{}); err != nil || len(items) != 0 {
 		t.Fatalf("still listed after resolution: %+v %v", items, err)
 	}
 	if n := len(b.Emu.Requests()); n != sent {
@@ -498,7 +498,7 @@ func TestResendAfterTheWindowSendsOnlyWhatStripeHasNotAccepted(t *testing.T) {
 	if l := b.log(t, id); l.InputAccepted == nil || l.OutputAccepted != nil {
 		t.Fatalf("log %+v, want input accepted and output not", l)
 	}
-	items, err := review.List(ctx, b.Pool, nil)
+	items, err := review.List(ctx, b.Pool, review.ListParams{})
 	if err != nil || len(items) != 1 || items[0].InputAcceptedAt == nil || items[0].OutputAcceptedAt != nil {
 		t.Fatalf("list %+v %v", items, err)
 	}

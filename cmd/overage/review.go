@@ -52,7 +52,7 @@ func cmdReviewList(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	items, err := review.List(ctx, pool, tenantID)
+	items, err := review.List(ctx, pool, review.ListParams{TenantID: tenantID})
 	if err != nil {
 		return fmt.Errorf("review list: %w", err)
 	}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/finance"
+	"github.com/overage-billing/overage/review"
 )
 
 const statusSynopsis = "overage status [--tenant ID] [--json]"
@@ -42,16 +44,15 @@ func cmdStatus(ctx context.Context, e env, args []string) error {
 	}
 	// Past Stripe's window nothing is resent automatically: show what waits
 	// for an operator.
-	logs, err := finance.NeedsReview(ctx, pool, tenantID, 20)
+	parked, err := review.List(ctx, pool, review.ListParams{TenantID: tenantID, Statuses: []overage.BillingStatus{overage.BillingStatusNeedsReview}, Limit: 20})
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}
-	if len(logs) > 0 {
+	if len(parked) > 0 {
 		fmt.Fprintln(e.stdout)
-		if err := finance.WriteNeedsReview(e.stdout, logs); err != nil {
+		if err := review.WriteTable(e.stdout, parked); err != nil {
 			return err
 		}
-		fmt.Fprintln(e.stdout, `resolve them with "overage review list" and "overage review resolve"`)
 	}
 	// Meter events Stripe itself could not apply, from its webhooks.
 	merrs, err := finance.MeterErrors(ctx, pool, 10)
