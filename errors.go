@@ -52,6 +52,13 @@ func Errorf(code ErrorCode, typ, format string, args ...any) *Error {
 	return &Error{Code: code, Type: typ, Message: fmt.Sprintf(format, args...)}
 }
 
+// NotFound is the error of anything the caller may not see — an unknown
+// id, another tenant's, an unknown path: one problem type, not-found, for
+// all of them.
+func NotFound(format string, args ...any) *Error {
+	return Errorf(ENOTFOUND, "not-found", format, args...)
+}
+
 // Invalid is the error of input whose fields failed validation: one problem
 // type for every validator, naming each bad field.
 func Invalid(fields []FieldError, format string, args ...any) *Error {

@@ -77,7 +77,7 @@ func NewRouter(cfg Config) http.Handler {
 		r.With(httpx.AdminBrowser(cfg.AdminToken, "/riverui", logger)).Mount("/riverui", cfg.RiverUI)
 	}
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		httpx.Error(w, r, logger, overage.Errorf(overage.ENOTFOUND, "not-found", "no such endpoint: %s %s", r.Method, r.URL.Path))
+		httpx.Error(w, r, logger, overage.NotFound("no such endpoint: %s %s", r.Method, r.URL.Path))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		// chi sets Allow only in its own 405 handler, and its Match is

@@ -145,7 +145,7 @@ func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, e
 		return nil, dbError(fmt.Errorf("read billing status: %w", err))
 	}
 	if tenantID != nil && len(r.Tenants) == 0 {
-		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "tenant %s not found", tenantID)
+		return nil, overage.NotFound("tenant %s not found", tenantID)
 	}
 	return r, nil
 }

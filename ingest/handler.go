@@ -14,6 +14,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/httpx"
+	"github.com/overage-billing/overage/metrics"
 )
 
 // Authenticator resolves a tenant API key to its tenant.
@@ -179,7 +180,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := uuid.Parse(chi.URLParam(r, "id"))
 	if err != nil {
-		httpx.Error(w, r, h.logger, overage.Errorf(overage.ENOTFOUND, "not-found", "usage log %q not found", chi.URLParam(r, "id")))
+		httpx.Error(w, r, h.logger, overage.NotFound("usage log %q not found", chi.URLParam(r, "id")))
 		return
 	}
 	l, err := h.svc.Get(r.Context(), id, tenantID)
@@ -206,20 +207,26 @@ func (h *Handler) tenant(r *http.Request) (uuid.UUID, error) {
 // outcomeOf names a request's outcome for metrics.
 func outcomeOf(out *Outcome, err error) string {
 	if err == nil {
-		return out.Kind
+		switch out.Kind {
+		case OutcomeReplay:
+			return metrics.IngestReplay
+		case OutcomeDuplicate:
+			return metrics.IngestDuplicate
+		}
+		return metrics.IngestNew
 	}
 	e := overage.AsError(err)
 	switch {
 	case e.Type == "idempotency-key-reused":
-		return "key_reuse"
+		return metrics.IngestKeyReuse
 	case e.Type == "idempotency-key-in-progress":
-		return "in_progress"
+		return metrics.IngestInProgress
 	case e.Code == overage.EUNAUTHORIZED || e.Code == overage.EFORBIDDEN:
-		return "unauthorized"
+		return metrics.IngestUnauthorized
 	case e.Code == overage.EMALFORMED || e.Code == overage.EINVALID || e.Code == overage.ETOOLARGE:
-		return "invalid"
+		return metrics.IngestInvalid
 	case e.Code == overage.EUNAVAILABLE:
-		return "unavailable"
+		return metrics.IngestUnavailable
 	}
-	return "error"
+	return metrics.IngestError
 }

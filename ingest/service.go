@@ -686,7 +686,7 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && tenantID != nil && l.TenantID != *tenantID) {
 		// Another tenant's log is reported as missing, not forbidden, so ids
 		// cannot be probed.
-		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "usage log %s not found", id)
+		return nil, overage.NotFound("usage log %s not found", id)
 	}
 	if err != nil {
 		return nil, dbError(fmt.Errorf("get usage log: %w", err))

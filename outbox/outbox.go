@@ -1,6 +1,10 @@
-// Package outbox defines the River job kinds of the pipeline and inserts
-// them inside a caller's transaction, so a job exists exactly when the row
-// it works on does: committed together or rolled back together.
+// Package outbox defines the River job kinds of the pipeline. A job that
+// works on rows — a tenant's report job, a webhook event's processing job —
+// is inserted only inside the transaction that writes those rows (ingest's,
+// review's, the sweep's own, the webhook handler's), so the job exists
+// exactly when its rows do: committed together or rolled back together.
+// The maintenance jobs (the sweep, the expiries) work on no row of their
+// own: River's periodic scheduler inserts them, outside any transaction.
 //
 // Job args carry ids only. The row in PostgreSQL is the truth a worker
 // reads when it runs; args copied at insert time could be stale by then.

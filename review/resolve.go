@@ -187,7 +187,7 @@ func (r *Resolver) Resolve(ctx context.Context, p ResolveParams) (*Resolution, e
 	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
 		l, err := r.store.LockForReview(ctx, tx, p.UsageLogID, p.IdempotencyWindow)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return overage.Errorf(overage.ENOTFOUND, "usage-log-not-found", "no usage log %s", p.UsageLogID)
+			return overage.NotFound("no usage log %s", p.UsageLogID)
 		}
 		if err != nil {
 			return fmt.Errorf("read usage log %s: %w", p.UsageLogID, err)

@@ -370,7 +370,7 @@ func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing
 		}
 	}
 	_, err = b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: uuid.New(), Action: review.ActionVoid, Reason: "r", Actor: "alice"})
-	wantError(t, err, overage.ENOTFOUND, "usage-log-not-found")
+	wantError(t, err, overage.ENOTFOUND, "not-found")
 	if a := b.audit(t, gone[0]); len(a) != 1 {
 		t.Fatalf("%d audit rows after a refused second resolution, want 1", len(a))
 	}

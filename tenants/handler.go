@@ -171,7 +171,7 @@ func (h *Handler) pathID(w http.ResponseWriter, r *http.Request, name string) (u
 	v := chi.URLParam(r, name)
 	id, err := uuid.Parse(v)
 	if err != nil {
-		httpx.Error(w, r, h.logger, overage.Errorf(overage.ENOTFOUND, "not-found", "%s %q is not an id", name, v))
+		httpx.Error(w, r, h.logger, overage.NotFound("%s %q is not an id", name, v))
 		return uuid.Nil, false
 	}
 	return id, true

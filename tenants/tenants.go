@@ -188,7 +188,7 @@ func (s *Store) RevokeKeyByID(ctx context.Context, tenantID, keyID uuid.UUID) (*
 		WHERE id = $1 AND tenant_id = $2 RETURNING id, key_prefix, created_at, revoked_at`, keyID, tenantID).
 		Scan(&k.ID, &k.Prefix, &k.CreatedAt, &k.RevokedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "tenant %s has no API key %s", tenantID, keyID)
+		return nil, overage.NotFound("tenant %s has no API key %s", tenantID, keyID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("revoke api key: %w", err)
@@ -203,7 +203,7 @@ func (s *Store) RevokeKey(ctx context.Context, key string) error {
 		return fmt.Errorf("revoke api key: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return overage.Errorf(overage.ENOTFOUND, "not-found", "no active API key matches")
+		return overage.NotFound("no active API key matches")
 	}
 	return nil
 }
@@ -247,5 +247,5 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (*overage.Tenant, error) 
 }
 
 func errTenantNotFound(id uuid.UUID) error {
-	return overage.Errorf(overage.ENOTFOUND, "not-found", "tenant %s not found", id)
+	return overage.NotFound("tenant %s not found", id)
 }

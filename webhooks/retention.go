@@ -104,24 +104,3 @@ func (w *Reaper) Expire(ctx context.Context) (int64, error) {
 		}
 	}
 }
-
-// AddWorkers registers the processor and the reaper on ws.
-func AddWorkers(ws *river.Workers, pool *pgxpool.Pool, logger *slog.Logger) error {
-	if err := river.AddWorkerSafely(ws, NewProcessor(pool, logger)); err != nil {
-		return fmt.Errorf("add webhook processor: %w", err)
-	}
-	if err := river.AddWorkerSafely(ws, NewReaper(pool, logger)); err != nil {
-		return fmt.Errorf("add webhook reaper: %w", err)
-	}
-	return nil
-}
-
-// QueueConfig is the webhooks queue: one worker, so events apply in order.
-func QueueConfig() river.QueueConfig { return river.QueueConfig{MaxWorkers: 1} }
-
-// PeriodicRetentionJob runs the reaper every interval (and on start).
-func PeriodicRetentionJob(interval time.Duration) *river.PeriodicJob {
-	return river.NewPeriodicJob(river.PeriodicInterval(interval),
-		func() (river.JobArgs, *river.InsertOpts) { return outbox.ExpireWebhookEventsArgs{}, nil },
-		&river.PeriodicJobOpts{ID: "expire_webhook_events", RunOnStart: true})
-}

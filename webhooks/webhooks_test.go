@@ -61,12 +61,12 @@ func setup(t *testing.T) *harness {
 func (h *harness) startProcessor(t *testing.T) func() {
 	t.Helper()
 	ws := river.NewWorkers()
-	if err := webhooks.AddWorkers(ws, h.pool, nil); err != nil {
+	if err := workers.AddWebhookWorkers(ws, h.pool, nil); err != nil {
 		t.Fatal(err)
 	}
 	c, err := river.NewClient(riverpgxv5.New(h.pool), &river.Config{
 		Workers:           ws,
-		Queues:            map[string]river.QueueConfig{outbox.QueueWebhooks: webhooks.QueueConfig()},
+		Queues:            map[string]river.QueueConfig{outbox.QueueWebhooks: workers.WebhooksQueue()},
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 20 * time.Millisecond,
 	})
@@ -544,15 +544,15 @@ func TestPeriodicRetentionJobRunsUnderRiver(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws := river.NewWorkers()
-	if err := webhooks.AddWorkers(ws, h.pool, nil); err != nil {
+	if err := workers.AddWebhookWorkers(ws, h.pool, nil); err != nil {
 		t.Fatal(err)
 	}
 	c, err := river.NewClient(riverpgxv5.New(h.pool), &river.Config{
 		Workers: ws,
 		Queues: map[string]river.QueueConfig{
-			outbox.QueueWebhooks: webhooks.QueueConfig(), outbox.QueueMaintenance: {MaxWorkers: 2},
+			outbox.QueueWebhooks: workers.WebhooksQueue(), outbox.QueueMaintenance: {MaxWorkers: 2},
 		},
-		PeriodicJobs:      []*river.PeriodicJob{webhooks.PeriodicRetentionJob(time.Hour)},
+		PeriodicJobs:      []*river.PeriodicJob{workers.WebhookRetentionJob(time.Hour)},
 		FetchCooldown:     5 * time.Millisecond,
 		FetchPollInterval: 20 * time.Millisecond,
 	})

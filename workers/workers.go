@@ -16,7 +16,6 @@ import (
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/usagelog"
-	"github.com/overage-billing/overage/webhooks"
 )
 
 // Config configures the workers. Zero values take the defaults of the
@@ -82,7 +81,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if err := river.AddWorkerSafely(ws, newSweeper(pool, cfg)); err != nil {
 		return nil, fmt.Errorf("add sweeper: %w", err)
 	}
-	if err := webhooks.AddWorkers(ws, pool, cfg.Logger); err != nil {
+	if err := AddWebhookWorkers(ws, pool, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("add webhook workers: %w", err)
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
@@ -103,8 +102,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 		Queues: map[string]river.QueueConfig{
 			outbox.QueueReport:      {MaxWorkers: cfg.ReportWorkers},
 			outbox.QueueMaintenance: {MaxWorkers: 2},
-			// One worker: Stripe events are applied one at a time, in order.
-			outbox.QueueWebhooks: webhooks.QueueConfig(),
+			outbox.QueueWebhooks:    WebhooksQueue(),
 		},
 		PeriodicJobs: []*river.PeriodicJob{
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.ReapInterval),
@@ -116,7 +114,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 					return outbox.SweepArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByPeriod: max(cfg.SweepInterval, time.Second)}}
 				},
 				&river.PeriodicJobOpts{ID: "sweep", RunOnStart: true}),
-			webhooks.PeriodicRetentionJob(cfg.ReapInterval),
+			WebhookRetentionJob(cfg.ReapInterval),
 		},
 	})
 	if err != nil {
