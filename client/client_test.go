@@ -10,7 +10,7 @@ import (
 
 	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/flakyproxy"
+	"github.com/overage-billing/overage/internal/testkit/flakyproxy"
 )
 
 func newFaultProxy(t *testing.T, origin string, script ...flakyproxy.Fault) (*httptest.Server, *flakyproxy.Proxy) {

@@ -15,9 +15,9 @@ import (
 	stripe "github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/billing/meterevent"
 
-	"github.com/overage-billing/overage/internal/fakeclock"
 	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/syncbuf"
+	"github.com/overage-billing/overage/internal/testkit/fakeclock"
+	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )

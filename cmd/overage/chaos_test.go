@@ -22,7 +22,7 @@ import (
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/syncbuf"
+	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 

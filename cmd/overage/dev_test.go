@@ -17,7 +17,7 @@ import (
 
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/syncbuf"
+	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 )
 
 func TestDevDemoBillsEveryEventExactlyOnce(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/syncbuf"
+	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 )
 
 // faultWorld is what the fault tests share: a database, the API key of a

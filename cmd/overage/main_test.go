@@ -13,7 +13,7 @@ import (
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/syncbuf"
+	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 )
 
 // runCmd runs the binary's entry point in-process with env as its whole

@@ -12,10 +12,10 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
-	"github.com/overage-billing/overage/internal/aptinstall"
 	"github.com/overage-billing/overage/internal/httpx"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/aptinstall"
 )
 
 // TestRiverUIOpensInABrowser signs in to River UI in a real headless

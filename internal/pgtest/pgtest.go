@@ -31,7 +31,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	"github.com/overage-billing/overage/internal/pgcontainer"
+	"github.com/overage-billing/overage/internal/testkit/pgcontainer"
 	"github.com/overage-billing/overage/migrations"
 )
 

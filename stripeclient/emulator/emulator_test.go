@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overage-billing/overage/internal/fakeclock"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/fakeclock"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 

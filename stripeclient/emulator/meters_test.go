@@ -9,7 +9,7 @@ import (
 	"github.com/stripe/stripe-go/v79/billing/meter"
 	"github.com/stripe/stripe-go/v79/billing/metereventsummary"
 
-	"github.com/overage-billing/overage/internal/fakeclock"
+	"github.com/overage-billing/overage/internal/testkit/fakeclock"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
