@@ -20,7 +20,7 @@ import (
 // Defaults of Params.
 const (
 	// DefaultSettleAfter is how long a window must have been quiet before it
-	// is judged; see the package documentation.
+	// is judged; see docs/reconcile.md.
 	DefaultSettleAfter = 2 * time.Hour
 	// DefaultConcurrency is how many summary listings run at once. The
 	// reader's rate limit bounds the calls per second whatever this is.

@@ -91,17 +91,7 @@ func (b *bundle) waitPastWindow(t *testing.T, id uuid.UUID, window time.Duration
 // identifier.
 func (b *bundle) requests(t *testing.T, id uuid.UUID, d overage.Dimension) []emulator.Request {
 	t.Helper()
-	want := overage.MeterEventKey(id, d)
-	var out []emulator.Request
-	for _, r := range b.Emu.Requests() {
-		if r.Identifier == want || r.IdempotencyKey == want {
-			if r.Identifier != want || r.IdempotencyKey != want {
-				t.Fatalf("request for %s carried key %q and identifier %q, want both %q", id, r.IdempotencyKey, r.Identifier, want)
-			}
-			out = append(out, r)
-		}
-	}
-	return out
+	return b.KeyedRequests(t, id, d)
 }
 
 type jobRow struct {

@@ -67,15 +67,7 @@ func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, want overage.BillingStat
 func (b *bundle) requestsFor(t *testing.T, id uuid.UUID, d overage.Dimension) []emulator.Request {
 	t.Helper()
 	want := overage.MeterEventKey(id, d)
-	var out []emulator.Request
-	for _, r := range b.Emu.Requests() {
-		if r.Identifier == want || r.IdempotencyKey == want {
-			if r.Identifier != want || r.IdempotencyKey != want {
-				t.Fatalf("request for %s carried key %q and identifier %q, want both %q", id, r.IdempotencyKey, r.Identifier, want)
-			}
-			out = append(out, r)
-		}
-	}
+	out := b.KeyedRequests(t, id, d)
 	for _, r := range b.Emu.Requests() {
 		if strings.Contains(r.IdempotencyKey, id.String()) && r.IdempotencyKey != want && !strings.HasSuffix(r.IdempotencyKey, ":input") && !strings.HasSuffix(r.IdempotencyKey, ":output") {
 			t.Fatalf("a request for %s carried a key not derived from it: %q", id, r.IdempotencyKey)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/internal/apitest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 )
@@ -225,15 +226,7 @@ func startServer(t *testing.T, env map[string]string) (*app.Server, *syncbuf.Buf
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("server shutdown: %v", err)
-		}
-		srv.Close()
-	})
+	t.Cleanup(srv.Close) // after RunUntilCleanup's shutdown: cleanups run last-in first-out
+	apitest.RunUntilCleanup(t, srv)
 	return srv, logs
 }

@@ -68,16 +68,23 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, dbURL string, opts Options) *Se
 	if err != nil {
 		t.Fatal(err)
 	}
+	RunUntilCleanup(t, srv)
+	return &Server{URL: "http://" + srv.Addr(), Pool: pool, DBURL: dbURL, Service: srv.Ingest}
+}
+
+// RunUntilCleanup serves srv until t ends, then shuts it down as SIGTERM
+// would, failing t if the shutdown fails.
+func RunUntilCleanup(t testing.TB, srv *app.Server) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("test server: %v", err)
+			t.Errorf("server shutdown: %v", err)
 		}
 	})
-	return &Server{URL: "http://" + srv.Addr(), Pool: pool, DBURL: dbURL, Service: srv.Ingest}
 }
 
 // Tenant creates a tenant named name, billed to cus_<name>, with the given

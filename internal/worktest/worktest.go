@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/pgtest"
@@ -163,4 +164,22 @@ func (w *World) Start(t *testing.T, cfg workers.Config) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// KeyedRequests returns what the emulator received for the meter event
+// key of id (a log, or a report's lead) and d, failing t unless each
+// carried that key as both its Idempotency-Key and its identifier.
+func (w *World) KeyedRequests(t testing.TB, id uuid.UUID, d overage.Dimension) []emulator.Request {
+	t.Helper()
+	want := overage.MeterEventKey(id, d)
+	var out []emulator.Request
+	for _, r := range w.Emu.Requests() {
+		if r.Identifier == want || r.IdempotencyKey == want {
+			if r.Identifier != want || r.IdempotencyKey != want {
+				t.Fatalf("request for %s carried key %q and identifier %q, want both %q", id, r.IdempotencyKey, r.Identifier, want)
+			}
+			out = append(out, r)
+		}
+	}
+	return out
 }
