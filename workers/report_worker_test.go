@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -32,7 +31,14 @@ type bundle struct {
 // allowance, cus_capped with 500 input tokens included.
 func setup(t *testing.T, faults emulator.Faults) *bundle {
 	t.Helper()
-	w := worktest.New(t, worktest.Options{Emulator: emulator.Options{Faults: faults}, Tenants: []tenants.CreateParams{
+	return setupAttempts(t, faults, 0)
+}
+
+// setupAttempts is setup with ingest's report jobs given maxAttempts
+// (REPORT_MAX_ATTEMPTS; 0 for the default).
+func setupAttempts(t *testing.T, faults emulator.Faults, maxAttempts int) *bundle {
+	t.Helper()
+	w := worktest.New(t, worktest.Options{Emulator: emulator.Options{Faults: faults}, IngestMaxAttempts: maxAttempts, Tenants: []tenants.CreateParams{
 		{Name: "cus_a", StripeCustomerID: "cus_a"},
 		{Name: "cus_b", StripeCustomerID: "cus_b"},
 		{Name: "cus_capped", StripeCustomerID: "cus_capped", IncludedInputTokens: 500},
@@ -148,13 +154,24 @@ func requireAppliedEqualsBilled(t *testing.T, b *bundle) {
 	billingtest.RequireStripeMatchesBilled(t, b.Pool, b.Emu)
 }
 
-func countJobs(t *testing.T, pool *pgxpool.Pool, state string) int {
+// reportJobs lists, through River, the report jobs in the states given (in
+// every state when none is), oldest first.
+func reportJobs(t *testing.T, rc *river.Client[pgx.Tx], states ...rivertype.JobState) []*rivertype.JobRow {
 	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM river_job WHERE kind = $1 AND state = $2", outbox.ReportArgs{}.Kind(), state).Scan(&n); err != nil {
+	p := river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).OrderBy(river.JobListOrderByID, river.SortOrderAsc).First(10000)
+	if len(states) > 0 {
+		p = p.States(states...)
+	}
+	res, err := rc.JobList(context.Background(), p)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return res.Jobs
+}
+
+func countJobs(t *testing.T, rc *river.Client[pgx.Tx], state rivertype.JobState) int {
+	t.Helper()
+	return len(reportJobs(t, rc, state))
 }
 
 func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
@@ -192,13 +209,10 @@ func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 	t.Parallel()
 	// One attempt only: the lost response discards the job while the log
 	// stays pending although Stripe applied it.
-	b := setup(t, emulator.Faults{LostResponseRate: 1})
+	b := setupAttempts(t, emulator.Faults{LostResponseRate: 1}, 1)
 	id := b.Record(t, "cus_b", 40, 2)
-	if _, err := b.Pool.Exec(context.Background(), "UPDATE river_job SET max_attempts = 1"); err != nil {
-		t.Fatal(err)
-	}
 	stop := b.Start(t, workers.Config{MaxAttempts: 1})
-	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.Pool, "discarded") == 1 })
+	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
 	if s, _ := b.status(t, id); s != overage.BillingStatusPending {
 		t.Fatalf("status %s, want pending", s)
 	}
@@ -244,7 +258,7 @@ func TestSweepSkipsTenantsWithALiveJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := countJobs(t, b.Pool, "available"); n != 2 {
+	if n := countJobs(t, b.River, rivertype.JobStateAvailable); n != 2 {
 		t.Fatalf("%d report jobs, want one per tenant", n)
 	}
 	time.Sleep(5 * time.Millisecond) // past the 1 ms grace
@@ -290,18 +304,10 @@ func TestWindowGuardParksAReportsLogsAndStopsSending(t *testing.T) {
 	// Nothing can go out later: River lists no report job that could still
 	// run (the sweep queues none for parked logs). So the requests the
 	// emulator saw are all there will be.
-	rc, err := river.NewClient(riverpgxv5.New(b.Pool), &river.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// A job that parked the logs may still be finishing.
 	poll.Until(t, "no report job left that could send", 10*time.Second, func() bool {
-		live, err := rc.JobList(context.Background(), river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).
-			States(rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable, rivertype.JobStateRunning, rivertype.JobStateScheduled))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(live.Jobs) == 0
+		return len(reportJobs(t, b.River, rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable,
+			rivertype.JobStateRunning, rivertype.JobStateScheduled)) == 0
 	})
 	reqs := requestsOf(t, b, r, overage.DimensionInput)
 	if len(reqs) == 0 {
@@ -339,7 +345,7 @@ func TestPermanentErrorFailsTheLogAndStopsRetrying(t *testing.T) {
 	}
 	// The report is settled: its job completes instead of retrying.
 	poll.Until(t, "the report jobs to complete", 10*time.Second, func() bool {
-		return countJobs(t, b.Pool, "completed") >= 2 && countJobs(t, b.Pool, "retryable")+countJobs(t, b.Pool, "available") == 0
+		return countJobs(t, b.River, rivertype.JobStateCompleted) >= 2 && countJobs(t, b.River, rivertype.JobStateRetryable)+countJobs(t, b.River, rivertype.JobStateAvailable) == 0
 	})
 	if n := len(b.requestsFor(t, id, overage.DimensionInput)); n != 1 {
 		t.Fatalf("%d requests for a permanently failing log, want 1", n)

@@ -13,9 +13,12 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/workers"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/rivertype"
 )
 
 // requestsOf returns every request Stripe received with the report's key,
@@ -87,16 +90,21 @@ func TestReportIsTheSameEventAcrossRetriesAndARestart(t *testing.T) {
 // (Stripe replays it), and logs recorded since form a new report.
 func TestSweepResendsAFormedReportAndFormsANewOneForNewLogs(t *testing.T) {
 	t.Parallel()
-	b := setup(t, emulator.Faults{LostResponseRate: 1})
+	b := setupAttempts(t, emulator.Faults{LostResponseRate: 1}, 1)
 	first := []uuid.UUID{b.Record(t, "cus_b", 40, 2), b.Record(t, "cus_b", 1, 1)}
 	// One job (the two logs may have fallen in two batch periods; either
 	// job reports both), with one attempt.
-	if _, err := b.Pool.Exec(context.Background(), `DELETE FROM river_job WHERE id > (SELECT min(id) FROM river_job);
-		UPDATE river_job SET max_attempts = 1`); err != nil {
-		t.Fatal(err)
+	if jobs := reportJobs(t, b.River); len(jobs) > 1 {
+		var later []int64
+		for _, j := range jobs[1:] {
+			later = append(later, j.ID)
+		}
+		if _, err := b.River.JobDeleteMany(context.Background(), river.NewJobDeleteManyParams().IDs(later...)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	stop := b.Start(t, workers.Config{MaxAttempts: 1})
-	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.Pool, "discarded") == 1 })
+	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
 	stop()
 	formed := b.reportOf(t, first[0], overage.DimensionInput)
 	if s, _ := b.status(t, first[0]); s != overage.BillingStatusPending || formed.state != "open" {
@@ -104,7 +112,8 @@ func TestSweepResendsAFormedReportAndFormsANewOneForNewLogs(t *testing.T) {
 	}
 	// No workers now: these logs' job waits. They are in no report yet.
 	later := []uuid.UUID{b.Record(t, "cus_b", 5, 0), b.Record(t, "cus_b", 6, 0)}
-	if _, err := b.Pool.Exec(context.Background(), "DELETE FROM river_job WHERE state <> 'discarded'"); err != nil {
+	if _, err := b.River.JobDeleteMany(context.Background(), river.NewJobDeleteManyParams().Kinds(outbox.ReportArgs{}.Kind()).
+		States(rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable, rivertype.JobStateScheduled)); err != nil {
 		t.Fatal(err)
 	}
 	b.Emu.SetFaults(emulator.Faults{})
