@@ -60,6 +60,8 @@ type Server struct {
 	Registry *prometheus.Registry
 	// Ingest is the service behind POST /v1/usage-events.
 	Ingest *ingest.Service
+	// River is the insert-only client the API puts jobs in with.
+	River  *river.Client[pgx.Tx]
 	ln     net.Listener
 	http   *http.Server
 	logger *slog.Logger
@@ -130,7 +132,7 @@ func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger)
 		AdminToken: cfg.AdminToken,
 	})
 	return &Server{
-		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui, Registry: reg, Ingest: svc,
+		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui, Registry: reg, Ingest: svc, River: rc,
 		http: &http.Server{
 			Handler:           withDeadlines(handler),
 			ReadHeaderTimeout: 10 * time.Second,

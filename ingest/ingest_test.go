@@ -22,6 +22,9 @@ import (
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/usagelog"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertest"
 )
 
 const adminToken = apitest.AdminToken
@@ -107,8 +110,15 @@ func (b *bundle) count(t *testing.T, query string, args ...any) int {
 }
 
 func (b *bundle) logs(t *testing.T) int { return b.count(t, "SELECT count(*) FROM usage_logs") }
+
+// jobs counts the report jobs River lists.
 func (b *bundle) jobs(t *testing.T) int {
-	return b.count(t, "SELECT count(*) FROM river_job WHERE kind = $1", outbox.ReportArgs{}.Kind())
+	t.Helper()
+	res, err := b.River.JobList(context.Background(), river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).First(10000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(res.Jobs)
 }
 func (b *bundle) records(t *testing.T) int {
 	return b.count(t, "SELECT count(*) FROM idempotency_keys")
@@ -153,13 +163,9 @@ func TestCreateRecordsLogJobAndResponseTogether(t *testing.T) {
 	if b.logs(t) != 1 || b.jobs(t) != 1 || b.records(t) != 1 {
 		t.Fatalf("logs/jobs/records = %d/%d/%d, want 1/1/1", b.logs(t), b.jobs(t), b.records(t))
 	}
-	var args outbox.ReportArgs
-	var raw []byte
-	if err := b.pool.QueryRow(context.Background(), "SELECT args FROM river_job").Scan(&raw); err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &args); err != nil || args.TenantID != b.alice.ID {
-		t.Fatalf("job args = %s, want the tenant of usage log %v", raw, m["id"])
+	job := rivertest.RequireInserted(context.Background(), t, riverpgxv5.New(b.pool), &outbox.ReportArgs{}, &rivertest.RequireInsertedOpts{Queue: outbox.QueueReport})
+	if job.Args.TenantID != b.alice.ID {
+		t.Fatalf("job args = %+v, want the tenant of usage log %v", job.Args, m["id"])
 	}
 	id, err := uuid.Parse(m["id"].(string))
 	if err != nil || id.Version() != 7 {

@@ -10,10 +10,12 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/tenants"
+	"github.com/riverqueue/river"
 )
 
 // AdminToken is the ADMIN_TOKEN of test servers.
@@ -36,6 +38,8 @@ type Server struct {
 	Pool    *pgxpool.Pool
 	DBURL   string
 	Service *ingest.Service
+	// River is the server's insert-only River client: list its jobs with it.
+	River *river.Client[pgx.Tx]
 }
 
 // Start serves the API on a new database until t ends.
@@ -69,7 +73,7 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, dbURL string, opts Options) *Se
 		t.Fatal(err)
 	}
 	RunUntilCleanup(t, srv)
-	return &Server{URL: "http://" + srv.Addr(), Pool: pool, DBURL: dbURL, Service: srv.Ingest}
+	return &Server{URL: "http://" + srv.Addr(), Pool: pool, DBURL: dbURL, Service: srv.Ingest, River: srv.River}
 }
 
 // RunUntilCleanup serves srv until t ends, then shuts it down as SIGTERM
