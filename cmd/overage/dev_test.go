@@ -18,6 +18,7 @@ import (
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
+	"math/rand/v2"
 )
 
 func TestDevDemoBillsEveryEventExactlyOnce(t *testing.T) {
@@ -54,7 +55,9 @@ func TestDevCreatesAMissingDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := fmt.Sprintf("ovgtest_devcreate_%s", strings.ReplaceAll(t.Name()[len(t.Name())-8:], "_", ""))
+	// Unique per run: every work tree's tests share this server, and a
+	// fixed name would let one run's cleanup drop another's database.
+	name := fmt.Sprintf("ovgtest_devcreate_%d", rand.Int64())
 	u.Path = "/" + strings.ToLower(name)
 	t.Cleanup(func() {
 		if c, err := pgx.Connect(context.Background(), server); err == nil {
