@@ -507,8 +507,12 @@ func TestDeletedCustomerSuspendsTenantAndItsReportsFail(t *testing.T) {
 	}
 	// Nothing is left to retry: the tenant's report job completes.
 	poll.Until(t, "its job to complete", 20*time.Second, func() bool {
-		return h.count(t, `SELECT count(*) FROM river_job WHERE kind = $1 AND state = 'completed' AND args->>'tenant_id' = $2`,
-			outbox.ReportArgs{}.Kind(), gone.ID.String()) >= 1
+		res, err := h.rc.JobList(context.Background(), river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).
+			States(rivertype.JobStateCompleted).Where("args->>'tenant_id' = @tenant", river.NamedArgs{"tenant": gone.ID.String()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Jobs) >= 1
 	})
 	for _, r := range emu.Requests() {
 		if strings.Contains(r.IdempotencyKey, lg.ID.String()) {
