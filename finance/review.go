@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // ReviewLog is a usage log in needs_review: its first send to Stripe is
@@ -42,10 +44,10 @@ func NeedsReview(ctx context.Context, db DB, tenantID *uuid.UUID, limit int) ([]
 		JOIN tenants t ON t.id = c.tenant_id
 		CROSS JOIN LATERAL (
 			SELECT * FROM usage_logs u
-			WHERE u.tenant_id = c.tenant_id AND u.billing_status = 'needs_review'
+			WHERE u.tenant_id = c.tenant_id AND `+usagelog.Is("u.billing_status", usagelog.StatusNeedsReview)+`
 			ORDER BY u.created_at, u.id LIMIT $2
 		) u
-		WHERE c.billing_status = 'needs_review' AND c.usage_logs > 0
+		WHERE `+usagelog.Is("c.billing_status", usagelog.StatusNeedsReview)+` AND c.usage_logs > 0
 			AND ($1::uuid IS NULL OR c.tenant_id = $1::uuid)
 		ORDER BY t.name, t.id, u.created_at, u.id
 		LIMIT $2`, tenantID, limit)
