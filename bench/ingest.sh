@@ -79,7 +79,7 @@ go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-200000}" -t
 # be billed at about the rate above.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
 ./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
-go run ./bench/drain -database-url "$DRAIN_URL" -logs 20000 -hang 10
+go run ./bench/drain -database-url "$DRAIN_URL" -logs 20000 -tenants 200 -hang 10
 
 # Status: GET /v1/billing/status over real HTTP on 10 million usage logs
 # across 1,000 tenants, seeded with COPY (STATUS_LOGS shrinks it).

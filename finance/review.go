@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // ReviewLog is a usage log in needs_review: its first send to Stripe is
@@ -42,13 +44,13 @@ func NeedsReview(ctx context.Context, db DB, tenantID *uuid.UUID, limit int) ([]
 			-- Counters are spread over slots: a tenant has such logs when
 			-- its slots sum above zero (one slot alone may be negative).
 			SELECT tenant_id FROM billing_counters
-			WHERE billing_status = 'needs_review' AND ($1::uuid IS NULL OR tenant_id = $1::uuid)
+			WHERE `+usagelog.Is("billing_status", usagelog.StatusNeedsReview)+` AND ($1::uuid IS NULL OR tenant_id = $1::uuid)
 			GROUP BY tenant_id HAVING sum(usage_logs) > 0
 		) c
 		JOIN tenants t ON t.id = c.tenant_id
 		CROSS JOIN LATERAL (
 			SELECT * FROM usage_logs u
-			WHERE u.tenant_id = c.tenant_id AND u.billing_status = 'needs_review'
+			WHERE u.tenant_id = c.tenant_id AND `+usagelog.Is("u.billing_status", usagelog.StatusNeedsReview)+`
 			ORDER BY u.created_at, u.id LIMIT $2
 		) u
 		ORDER BY t.name, t.id, u.created_at, u.id

@@ -8,7 +8,15 @@
 //
 // What it owns: the review_actions table (migrations/0004_review.sql), the
 // append-only audit trail of every decision, and the only code path that
-// takes a log out of needs_review or failed.
+// takes a log out of needs_review or failed (the transition itself is
+// usagelog.Store.ResolveTx).
+//
+// A log is billed through reports: one Stripe meter event per dimension
+// for many logs (package usagelog). A decision on a log is therefore a
+// decision on its reports under review or failed, and on every member of
+// them: each member changes with the log and gets its own audit row
+// (Resolution.Members counts them). Resolving one log of a 1,000-log report
+// resolves the 1,000.
 //
 // What it promises:
 //
@@ -36,7 +44,8 @@
 //     already accepted; the message says so when a dimension was.
 //   - resend is the only path by which such a log is sent again, and it
 //     cannot bill twice inside Stripe's window. It sends under the same
-//     keys, usage-log:<id>:<dimension>, so while Stripe (or the emulator)
+//     keys, usage-log:<lead>:<dimension> of its reports, with the same
+//     members and values, so while Stripe (or the emulator)
 //     may still hold them — the first attempt is younger than
 //     IdempotencyWindow (STRIPE_IDEMPOTENCY_WINDOW), by the database clock
 //     — Stripe would answer from the earlier attempt (a replay, or "an
@@ -45,13 +54,14 @@
 //     A forced resend inside the window is still deduplicated by Stripe
 //     under the same key: if the earlier attempt was applied, the replay
 //     counts as accepted and the log becomes billed, applied once. A resend
-//     sets the log pending with first_attempt_at cleared (the worker stamps
-//     a new one, so the window guard starts afresh) and keeps
-//     input/output_accepted_at, so a dimension Stripe already accepted is
-//     never sent again. Its report job is queued in the same transaction
-//     (report jobs are unique only while live, so a finished one does not
-//     block it); a queued one is reused, and a resend is refused while one
-//     is running.
+//     opens the log's reports again with a new first attempt (now, so the
+//     window guard starts afresh) and sets their members pending; a log in
+//     no report gets first_attempt_at cleared and joins one when its job
+//     runs. Reports Stripe already accepted stay accepted, so a dimension
+//     Stripe holds is never sent again. The tenant's report job is queued
+//     in the same transaction (unique per batch period: a queued one is
+//     reused); a job running meanwhile is no obstacle, since each report is
+//     sent under a lease.
 //
 // What a resend after the window means: Stripe has forgotten the keys, so
 // if the earlier attempt was in fact applied, the resend bills it a second

@@ -67,6 +67,9 @@ func backoff(errorsSoFar int) time.Duration {
 // Work implements river.Worker.
 func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArgs]) error {
 	tenantID := job.Args.TenantID
+	if err := outbox.ForgetBatches(ctx, w.pool, tenantID, job.Args.Batch); err != nil {
+		return err
+	}
 	var customer string
 	var suspended *string
 	if err := w.pool.QueryRow(ctx, `SELECT stripe_customer_id,

@@ -28,6 +28,9 @@ import (
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 const devSynopsis = "overage dev [--events N] [--keep-running] [--database-url URL]"
@@ -386,21 +389,8 @@ func (d *demo) send(ctx context.Context, url string) error {
 }
 
 // counts returns the demo tenants' logs by billing status.
-func (d *demo) counts(ctx context.Context) (map[string]int, error) {
-	rows, err := d.pool.Query(ctx, `SELECT billing_status, count(*) FROM usage_logs WHERE tenant_id = ANY($1::uuid[]) GROUP BY 1`, d.tenantIDs)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]int{}
-	for rows.Next() {
-		var s string
-		var n int
-		if err := rows.Scan(&s, &n); err != nil {
-			return nil, err
-		}
-		out[s] = n
-	}
-	return out, rows.Err()
+func (d *demo) counts(ctx context.Context) (map[overage.BillingStatus]int64, error) {
+	return usagelog.CountByStatus(ctx, d.pool, d.tenantIDs)
 }
 
 // progress redraws one status line in place on a terminal, and prints a
@@ -414,7 +404,7 @@ func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
 	line := func() string {
 		c, _ := d.counts(ctx)
 		return fmt.Sprintf("sent %d  accepted %d  billed %d  not billable %d  pending %d",
-			d.sent.Load(), d.accepted.Load(), c["billed"], c["not_billable"], c["pending"])
+			d.sent.Load(), d.accepted.Load(), c[usagelog.StatusBilled], c[usagelog.StatusNotBillable], c[usagelog.StatusPending])
 	}
 	go func() {
 		defer close(done)
@@ -448,11 +438,11 @@ func (d *demo) waitBilled(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if c["pending"] == 0 {
+		if c[usagelog.StatusPending] == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d demo usage logs still pending after 3 minutes", c["pending"])
+			return fmt.Errorf("%d demo usage logs still pending after 3 minutes", c[usagelog.StatusPending])
 		}
 		select {
 		case <-ctx.Done():
@@ -476,13 +466,13 @@ func (d *demo) report(ctx context.Context) error {
 		}
 	}
 	fmt.Fprintf(d.out, "\n%d events: %d sends, %d answers lost after the server committed (each retried with its key), %d resends replayed, %d duplicate request_ids: %d usage logs\n",
-		d.accepted.Load(), d.sent.Load(), lost, d.replays.Load(), d.duplicates.Load(), c["billed"]+c["not_billable"]+c["pending"]+c["failed"]+c["needs_review"])
+		d.accepted.Load(), d.sent.Load(), lost, d.replays.Load(), d.duplicates.Load(), c[usagelog.StatusBilled]+c[usagelog.StatusNotBillable]+c[usagelog.StatusPending]+c[usagelog.StatusFailed]+c[usagelog.StatusNeedsReview])
 
 	rows, err := d.pool.Query(ctx, `SELECT t.stripe_customer_id, count(*),
-			count(*) FILTER (WHERE u.billing_status = 'billed'), count(*) FILTER (WHERE u.billing_status = 'not_billable'),
-			count(*) FILTER (WHERE u.billing_status NOT IN ('billed', 'not_billable')),
-			coalesce(sum(u.overage_input_tokens) FILTER (WHERE u.billing_status = 'billed'), 0),
-			coalesce(sum(u.overage_output_tokens) FILTER (WHERE u.billing_status = 'billed'), 0)
+			count(*) FILTER (WHERE `+usagelog.Is("u.billing_status", usagelog.StatusBilled)+`), count(*) FILTER (WHERE `+usagelog.Is("u.billing_status", usagelog.StatusNotBillable)+`),
+			count(*) FILTER (WHERE `+usagelog.NotIn("u.billing_status", usagelog.StatusBilled, usagelog.StatusNotBillable)+`),
+			coalesce(sum(u.overage_input_tokens) FILTER (WHERE `+usagelog.Is("u.billing_status", usagelog.StatusBilled)+`), 0),
+			coalesce(sum(u.overage_output_tokens) FILTER (WHERE `+usagelog.Is("u.billing_status", usagelog.StatusBilled)+`), 0)
 		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id WHERE u.tenant_id = ANY($1::uuid[])
 		GROUP BY 1 ORDER BY 1`, d.tenantIDs)
 	if err != nil {
