@@ -81,7 +81,7 @@ trap - EXIT
 # latency, 1,000 calls/s, one call at a time per customer and meter).
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_e2e WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_e2e"
 E2E_URL=$(db_url ${BENCH_DB}_e2e)
-./bin/overage migrate --database-url "$E2E_URL" >/dev/null
+./bin/overage migrate --database-url "$E2E_URL" >/dev/null 2>&1
 psql -q "$E2E_URL" -f bench/setup.sql
 go run ./bench/e2e -database-url "$E2E_URL" -addr "${E2E_ADDR:-127.0.0.1:18081}" -rate "${E2E_RATE:-10000}" -batch "${E2E_BATCH:-100}" -duration "${E2E_SECONDS:-30}s"
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_e2e WITH (FORCE)"

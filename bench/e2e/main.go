@@ -187,7 +187,10 @@ func run(p params) error {
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
 		return err
 	}
-	if f.Logs != f.Billed || f.Logs != int64(events) {
+	// A batch answered 503 may still have committed (its answer is stored
+	// for the client's retry), so there may be more logs than acknowledged
+	// events, never fewer.
+	if f.Logs != f.Billed || f.Logs < int64(events) {
 		return fmt.Errorf("%d events acknowledged, %d usage logs, %d billed: not everything acknowledged was billed", events, f.Logs, f.Billed)
 	}
 	return nil
