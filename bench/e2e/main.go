@@ -138,7 +138,12 @@ func run(p params) error {
 	sent := time.Since(start)
 	busy1, total1 := benchkit.MachineCPU()
 	// serve's work is done once the last batch is answered; its CPU over
-	// the run is what ingest cost.
+	// the run is what ingest cost. PostgreSQL's is read before serve's
+	// backends go, and again at the end.
+	pgAtIngest, err := benchkit.BackendCPU(ctx, pool)
+	if err != nil {
+		return err
+	}
 	serveCPU, serveStopped = serve.Stop(), true
 
 	var lastAck time.Time
@@ -159,6 +164,10 @@ func run(p params) error {
 			return errors.New("logs still pending 5 minutes after the last batch was acknowledged")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	pgAtEnd, err := benchkit.BackendCPU(ctx, pool)
+	if err != nil {
+		return err
 	}
 	workCPU := work.Stop()
 	calls := benchkit.CountCalls(emu.Requests())
@@ -182,6 +191,7 @@ func run(p params) error {
 		"lag_created_to_billed_p50_s": f.CreatedP50, "lag_created_to_billed_p99_s": f.CreatedP99,
 		"reports": f.Reports, "emulator_latency_ms": p.latency.Milliseconds(),
 		"cpu_serve_s": serveCPU.Seconds(), "cpu_work_s": workCPU.Seconds(),
+		"cpu_postgres_while_ingesting_s": benchkit.SumCPU(pgAtIngest).Seconds(), "cpu_postgres_s": benchkit.SumCPU(pgAtIngest, pgAtEnd).Seconds(),
 		"machine_busy_while_offering": ratio(busy1-busy0, total1-total0), "seconds_sending": sent.Seconds(),
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {

@@ -6,6 +6,7 @@ package benchkit
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +17,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
@@ -186,4 +190,53 @@ func MachineCPU() (busy, total uint64) {
 		}
 	}
 	return busy, total
+}
+
+// BackendCPU is the CPU time (user and system) each PostgreSQL backend
+// serving the pool's database has used so far, by process id: PostgreSQL's
+// share of a benchmark when it runs on the same machine (read from /proc,
+// so only there; empty elsewhere).
+func BackendCPU(ctx context.Context, pool *pgxpool.Pool) (map[int]time.Duration, error) {
+	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+	if err != nil {
+		return nil, fmt.Errorf("list backends: %w", err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("list backends: %w", err)
+	}
+	cpu := map[int]time.Duration{}
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue // gone, or no /proc
+		}
+		// Fields after the command name in parentheses: utime and stime
+		// are the 12th and 13th, in clock ticks (100 a second on Linux).
+		_, rest, _ := strings.Cut(string(b), ") ")
+		f := strings.Fields(rest)
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		cpu[int(pid)] = time.Duration(u+s) * 10 * time.Millisecond
+	}
+	return cpu, nil
+}
+
+// SumCPU adds up backend CPU snapshots taken at different times, each
+// backend counted once at its latest.
+func SumCPU(snapshots ...map[int]time.Duration) time.Duration {
+	latest := map[int]time.Duration{}
+	for _, s := range snapshots {
+		for pid, d := range s {
+			latest[pid] = max(latest[pid], d)
+		}
+	}
+	var sum time.Duration
+	for _, d := range latest {
+		sum += d
+	}
+	return sum
 }
