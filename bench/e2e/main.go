@@ -58,7 +58,7 @@ func main() {
 	}
 }
 
-// ack is one batch the server answered 202.
+// ack is one batch the server answered 202, and when the answer came.
 type ack struct {
 	seq int64
 	at  time.Time
@@ -180,7 +180,7 @@ func run(p params) error {
 	billingSpan := f.LastBilled.Sub(start).Seconds()
 	out := map[string]any{
 		"tenants": p.tenants, "batch": p.batch, "offered_events_per_s": p.rate, "seconds_offered": p.duration.Seconds(),
-		"events_acked": events, "batches_not_acked": failed, "statuses": statuses,
+		"events_acked": events, "batches_not_acked": seq.Load() - int64(len(acks)), "batches_unanswered": failed, "statuses": statuses,
 		"ingested_events_per_s": float64(events) / lastAck.Sub(start).Seconds(),
 		"logs":                  f.Logs, "billed": f.Billed, "not_billed": f.Logs - f.Billed,
 		"billed_events_per_s":     float64(f.Billed) / billingSpan,
