@@ -15,9 +15,7 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,6 +24,7 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/overage-billing/overage/bench/internal/benchkit"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
@@ -71,18 +70,12 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 	}
 	defer emu.Close()
 
-	cmd := exec.Command(bin, "work")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "STRIPE_SECRET_KEY=sk_test_123", "STRIPE_API_BASE="+base,
-		"STRIPE_RATE_LIMIT="+strconv.Itoa(rateLimit), "REPORT_WORKERS="+strconv.Itoa(workers), "LOG_LEVEL=warn")
-	if batchMax > 0 {
-		cmd.Env = append(cmd.Env, "REPORT_BATCH_MAX="+strconv.Itoa(batchMax))
-	}
-	cmd.Stderr = os.Stderr
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	work, err := benchkit.StartWork(benchkit.WorkOpts{Bin: bin, DatabaseURL: dbURL, StripeBase: base, RateLimit: rateLimit, Workers: workers, BatchMax: batchMax})
+	if err != nil {
 		return err
 	}
-	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	defer work.Stop()
 	for {
 		// EXISTS, not count(*): the poll must not itself load the database
 		// it measures.
@@ -104,29 +97,15 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE "+usagelog.Is("billing_status", usagelog.StatusBilled)).Scan(&billed); err != nil {
 		return err
 	}
-	reqs := emu.Requests()
-	calls := len(reqs)
-	// Calls per second: the mean over the drain, and the busiest second.
-	perSecond := map[int64]int{}
-	limited := 0
-	for _, r := range reqs {
-		perSecond[r.ReceivedAt.Unix()]++
-		if r.Outcome == emulator.OutcomeRateLimited || r.Outcome == emulator.OutcomeConcurrentRateLimit {
-			limited++
-		}
-	}
-	peak := 0
-	for _, n := range perSecond {
-		peak = max(peak, n)
-	}
+	calls := benchkit.CountCalls(emu.Requests())
 	var reports int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_reports").Scan(&reports); err != nil {
 		return err
 	}
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"logs": logs, "tenants": tenants, "billed": billed, "reports": reports, "meter_event_calls": calls, "seconds": elapsed.Seconds(),
-		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls) / elapsed.Seconds(), "calls_peak_per_s": peak,
-		"calls_refused_429":   limited,
+		"logs": logs, "tenants": tenants, "billed": billed, "reports": reports, "meter_event_calls": calls.Total, "seconds": elapsed.Seconds(),
+		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls.Total) / elapsed.Seconds(), "calls_peak_per_s": calls.PeakPerSecond,
+		"calls_refused_429":   calls.Refused429,
 		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers, "hanging_customers": hang, "batch_max": batchMax,
 	})
 }
