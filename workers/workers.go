@@ -75,7 +75,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	}
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
 		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
-		meters: map[overage.Dimension]string{overage.DimensionInput: cfg.MeterInputEvent, overage.DimensionOutput: cfg.MeterOutputEvent},
+		inserter: outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay),
+		meters:   map[overage.Dimension]string{overage.DimensionInput: cfg.MeterInputEvent, overage.DimensionOutput: cfg.MeterOutputEvent},
 	}); err != nil {
 		return nil, fmt.Errorf("add report worker: %w", err)
 	}
