@@ -67,6 +67,7 @@ func (h *Handler) Routes(r chi.Router) {
 	r.Post("/v1/usage-events", h.create)
 	r.Post("/v1/usage-events/batch", h.createBatch)
 	r.Get("/v1/usage-events/{id}", h.get)
+	r.Post("/v1/usage-events/{id}/corrections", h.createCorrection)
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) {

@@ -696,6 +696,9 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	if err != nil {
 		return nil, dbError(fmt.Errorf("get usage log: %w", err))
 	}
+	if err := s.withCorrections(ctx, l); err != nil {
+		return nil, dbError(err)
+	}
 	return l, nil
 }
 

@@ -57,7 +57,15 @@ func BilledTotals(t testing.TB, pool *pgxpool.Pool) map[emulator.AppliedKey]int6
 func RequireStripeMatchesBilled(t testing.TB, pool *pgxpool.Pool, emu *emulator.Emulator) {
 	t.Helper()
 	want := BilledTotals(t, pool)
-	if got := emu.Applied(); fmt.Sprint(got) != fmt.Sprint(want) {
+	got := emu.Applied()
+	// Corrections may bring a meter's net total back to zero, which
+	// PostgreSQL's sum shows as no row.
+	for k, v := range got {
+		if v == 0 {
+			delete(got, k)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("Stripe applied %v\nPostgreSQL billed %v", got, want)
 	}
 	for _, e := range emu.Events() {
