@@ -366,3 +366,14 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 	return h.svc.Correct(r.Context(), CorrectParams{TenantID: tenantID, UsageLogID: logID, Key: key, Fingerprint: fp,
 		InputTokens: in, OutputTokens: out, Reason: reason})
 }
+
+// CorrectionFingerprint is the fingerprint of the HTTP request that asks
+// for this correction, so a correction made by the CLI and one made over
+// HTTP under the same key are the same request.
+func CorrectionFingerprint(id uuid.UUID, in, out int64, reason string) ([]byte, error) {
+	body, err := json.Marshal(map[string]any{"input_tokens": in, "output_tokens": out, "reason": reason})
+	if err != nil {
+		return nil, fmt.Errorf("correction fingerprint: %w", err)
+	}
+	return fingerprint(http.MethodPost, "/v1/usage-events/"+id.String()+"/corrections", body)
+}
