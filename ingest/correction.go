@@ -108,28 +108,9 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	if err != nil {
 		return nil, fmt.Errorf("read usage log: %w", err)
 	}
-	var locked bool
-	if err := tx.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '10s', true), pg_try_advisory_xact_lock($1)`,
-		lockKey(tenantID, p.Key)).Scan(nil, &locked); err != nil {
-		return nil, fmt.Errorf("take idempotency lock: %w", err)
-	}
-	var rec storedResponse
-	err = tx.QueryRow(ctx, `SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
-		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, tenantID, p.Key).
-		Scan(&rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expired)
-	found := err == nil
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("read idempotency record: %w", err)
-	}
-	if found && !rec.expired {
-		return rec.replay(p.Fingerprint)
-	}
-	if !locked {
-		return nil, &overage.Error{
-			Code: overage.ECONFLICT, Type: "idempotency-key-in-progress",
-			Message:    "a request with this Idempotency-Key is still being processed; retry after the Retry-After delay",
-			RetryAfter: retryAfterInProgress,
-		}
+	k, err := claimKey(ctx, tx, tenantID, p.Key, p.Fingerprint)
+	if err != nil || k.replay != nil {
+		return k.replay, err
 	}
 
 	orig, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1 FOR UPDATE`, p.UsageLogID))
@@ -140,108 +121,220 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 		return nil, overage.Invalid([]overage.FieldError{{Field: "id", Detail: "is a correction; correct the usage log it corrects"}},
 			"usage log %s is a correction of %s: correct that one", orig.ID, orig.Corrects)
 	}
-	var period time.Time
 	var cur overage.Overage
-	if err := tx.QueryRow(ctx, `SELECT u.period_start, u.input_tokens + coalesce(sum(c.input_tokens), 0)::bigint,
+	if err := tx.QueryRow(ctx, `SELECT u.input_tokens + coalesce(sum(c.input_tokens), 0)::bigint,
 			u.output_tokens + coalesce(sum(c.output_tokens), 0)::bigint
 		FROM usage_logs u LEFT JOIN usage_logs c ON c.corrects = u.id
-		WHERE u.id = $1 GROUP BY u.id`, orig.ID).Scan(&period, &cur.InputTokens, &cur.OutputTokens); err != nil {
+		WHERE u.id = $1 GROUP BY u.id`, orig.ID).Scan(&cur.InputTokens, &cur.OutputTokens); err != nil {
 		return nil, fmt.Errorf("read corrections of %s: %w", orig.ID, err)
 	}
-	period = period.UTC()
 	delta := overage.Overage{InputTokens: p.InputTokens - cur.InputTokens, OutputTokens: p.OutputTokens - cur.OutputTokens}
 	if delta.InputTokens == 0 && delta.OutputTokens == 0 {
 		return nil, overage.Invalid([]overage.FieldError{{Field: fieldInputTokens, Detail: "equals the current totals: nothing to correct"}},
 			"usage log %s already totals %d input and %d output tokens: nothing to correct", orig.ID, cur.InputTokens, cur.OutputTokens)
 	}
-
-	// Ordered with every ingest event of the period that still sees
-	// allowance left (same advisory lock), and after any writer of the
-	// period's slot rows that has written them (row locks).
-	a, b := periodLockKey(tenantID, period)
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, a, b); err != nil {
-		return nil, fmt.Errorf("lock allowance period: %w", err)
-	}
-	var total, allowance overage.Overage
-	var now, nowPeriod time.Time
-	if err := tx.QueryRow(ctx, `WITH locked AS (
-			SELECT input_tokens, output_tokens FROM allowance_usage WHERE tenant_id = $1 AND period_start = $2 FOR UPDATE
-		)
-		SELECT (SELECT coalesce(sum(input_tokens), 0)::bigint FROM locked), (SELECT coalesce(sum(output_tokens), 0)::bigint FROM locked),
-			t.included_input_tokens, t.included_output_tokens, now(),
-			coalesce((SELECT s.current_period_start FROM tenant_subscriptions s
-				WHERE s.tenant_id = $1 AND s.current_period_start <= now() AND now() < s.current_period_end
-				ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', now(), 'UTC'))
-		FROM tenants t WHERE t.id = $1`, tenantID, period).Scan(&total.InputTokens, &total.OutputTokens,
-		&allowance.InputTokens, &allowance.OutputTokens, &now, &nowPeriod); err != nil {
-		return nil, fmt.Errorf("read allowance totals: %w", err)
-	}
-	now = now.UTC().Truncate(time.Microsecond)
-	change := func(t, d, a int64) int64 { return max(0, t+d-a) - max(0, t-a) }
-	id, err := uuid.NewV7()
+	c, basis, err := correctionOf(ctx, tx, orig, delta, p.Reason)
 	if err != nil {
-		return nil, fmt.Errorf("usage log id: %w", err)
+		return nil, err
 	}
-	reason := p.Reason
-	l := &overage.UsageLog{
-		ID: id, TenantID: tenantID, Timestamp: orig.Timestamp, UserID: orig.UserID, ModelID: orig.ModelID,
-		InputTokens: delta.InputTokens, OutputTokens: delta.OutputTokens,
-		Overage: overage.Overage{
-			InputTokens:  change(total.InputTokens, delta.InputTokens, allowance.InputTokens),
-			OutputTokens: change(total.OutputTokens, delta.OutputTokens, allowance.OutputTokens),
-		},
-		BillingStatus: overage.BillingStatusNotBillable, CreatedAt: now,
-		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason,
+	if err := c.compute(ctx, tx); err != nil {
+		return nil, err
 	}
-	basis := TimestampOriginal
-	if !nowPeriod.UTC().Equal(period) || orig.Timestamp.Before(now.Add(-maxEventAge+stripeTimestampMargin)) {
-		basis, l.Timestamp = TimestampCorrection, now
-	}
-	if l.Overage.Billable() {
-		l.BillingStatus = overage.BillingStatusPending
-	}
-	l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
-	body, err := json.Marshal(correctionResponse{UsageLog: l, StripeTimestamp: basis})
+	body, err := json.Marshal(correctionResponse{UsageLog: c.log, StripeTimestamp: basis})
 	if err != nil {
 		return nil, fmt.Errorf("render correction: %w", err)
 	}
-	out := &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: id}
-
-	if l.Overage.Billable() {
-		if err := s.outbox.InsertReportsTx(ctx, tx, tenantID, []uuid.UUID{id}); err != nil {
-			return nil, err
-		}
+	out := &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: c.log.ID}
+	if err := writeDeltaLogs(ctx, tx, s.outbox, tenantID, []*deltaLog{c}); err != nil {
+		return nil, err
 	}
-	if found { // expired: the key starts a new request
-		if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, tenantID, p.Key); err != nil {
-			return nil, fmt.Errorf("delete expired idempotency record: %w", err)
-		}
-	}
-	// Slot 0: the ordered row of the period (see migrations/0007).
-	if _, err := tx.Exec(ctx, `INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
-		VALUES ($1, $2, 0, $3, $4)
-		ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
-		SET input_tokens = a.input_tokens + EXCLUDED.input_tokens, output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-		tenantID, period, delta.InputTokens, delta.OutputTokens); err != nil {
-		return nil, fmt.Errorf("write allowance total: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
-			period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at, corrects, correction_reason)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $12, $13, $14)`,
-		id, tenantID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, period,
-		l.Overage.InputTokens, l.Overage.OutputTokens, string(l.BillingStatus), now, orig.ID, reason); err != nil {
-		return nil, fmt.Errorf("write correction: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys
-		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
-		tenantID, p.Key, p.Fingerprint, out.Status, out.Body, id, KeyTTL.Seconds()); err != nil {
-		return nil, fmt.Errorf("store correction answer: %w", err)
+	if err := k.store(ctx, tx, out); err != nil {
+		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit correction: %w", err)
 	}
 	return out, nil
+}
+
+// correctionOf is the correction of orig by delta tokens, to be computed,
+// and where its Stripe timestamp comes from: the original's while the
+// original's allowance period is still open, else now.
+func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta overage.Overage, reason string) (*deltaLog, string, error) {
+	var period, nowPeriod, now time.Time
+	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`, now()
+		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID).Scan(&period, &nowPeriod, &now); err != nil {
+		return nil, "", fmt.Errorf("read the period of %s: %w", orig.ID, err)
+	}
+	now = now.UTC().Truncate(time.Microsecond)
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, "", fmt.Errorf("usage log id: %w", err)
+	}
+	l := &overage.UsageLog{
+		ID: id, TenantID: orig.TenantID, Timestamp: orig.Timestamp, UserID: orig.UserID, ModelID: orig.ModelID,
+		InputTokens: delta.InputTokens, OutputTokens: delta.OutputTokens,
+		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason,
+	}
+	basis := TimestampOriginal
+	if !nowPeriod.UTC().Equal(period.UTC()) || orig.Timestamp.Before(now.Add(-maxEventAge+stripeTimestampMargin)) {
+		basis, l.Timestamp = TimestampCorrection, now
+	}
+	return &deltaLog{log: l, period: period.UTC()}, basis, nil
+}
+
+// periodOfSQL is the SQL of the allowance period start of the tenant $1 at
+// the instant ts: its Stripe subscription period covering ts when the
+// webhooks told us one, else ts's calendar month in UTC (as periodsSQL).
+func periodOfSQL(ts string) string {
+	return `coalesce((SELECT s.current_period_start FROM tenant_subscriptions s
+		WHERE s.tenant_id = $1 AND s.current_period_start <= ` + ts + ` AND ` + ts + ` < s.current_period_end
+		ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', ` + ts + `, 'UTC'))`
+}
+
+// keyClaim is an idempotency key taken by a transaction outside the
+// pipelined ingest path (corrections, stream checkpoints).
+type keyClaim struct {
+	tenantID    uuid.UUID
+	key         string
+	fingerprint []byte
+	expired     bool
+	// replay, when set, is the answer: the stored one, byte for byte.
+	replay *Outcome
+}
+
+// claimKey takes the key's advisory lock and reads its stored answer, as
+// the ingest transaction does: a live answer is replayed (or refused as key
+// reuse); a key held by a request still executing is 409 in progress.
+func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp []byte) (*keyClaim, error) {
+	k := &keyClaim{tenantID: tenantID, key: key, fingerprint: fp}
+	var locked bool
+	if err := tx.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '10s', true), pg_try_advisory_xact_lock($1)`,
+		lockKey(tenantID, key)).Scan(nil, &locked); err != nil {
+		return nil, fmt.Errorf("take idempotency lock: %w", err)
+	}
+	var rec storedResponse
+	err := tx.QueryRow(ctx, `SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
+		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, tenantID, key).
+		Scan(&rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expired)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, fmt.Errorf("read idempotency record: %w", err)
+	case !rec.expired:
+		out, err := rec.replay(fp)
+		k.replay = out
+		return k, err
+	default:
+		k.expired = true
+	}
+	if !locked {
+		return nil, &overage.Error{
+			Code: overage.ECONFLICT, Type: "idempotency-key-in-progress",
+			Message:    "a request with this Idempotency-Key is still being processed; retry after the Retry-After delay",
+			RetryAfter: retryAfterInProgress,
+		}
+	}
+	return k, nil
+}
+
+// store writes the answer under the key, replacing an expired record.
+func (k *keyClaim) store(ctx context.Context, tx pgx.Tx, out *Outcome) error {
+	if k.expired {
+		if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, k.tenantID, k.key); err != nil {
+			return fmt.Errorf("delete expired idempotency record: %w", err)
+		}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys
+		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
+		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
+		k.tenantID, k.key, k.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds()); err != nil {
+		return fmt.Errorf("store answer: %w", err)
+	}
+	return nil
+}
+
+// deltaLog is a usage log that changes its period's total by its tokens
+// (a stream's increase, a correction's difference): its overage is the
+// change of the period's overage, computed under the period's lock.
+type deltaLog struct {
+	log       *overage.UsageLog
+	period    time.Time
+	streamRID *string
+}
+
+// compute orders the log with every ingest event of its period that still
+// sees allowance left (the same advisory lock) and after every writer of
+// the period's slot rows that has written them (their row locks), reads
+// the period's total T and sets the log's overage to max(0, T+d-A) -
+// max(0, T-A) per dimension.
+func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx) error {
+	a, b := periodLockKey(d.log.TenantID, d.period)
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, a, b); err != nil {
+		return fmt.Errorf("lock allowance period: %w", err)
+	}
+	var total, allowance overage.Overage
+	var now time.Time
+	if err := tx.QueryRow(ctx, `WITH locked AS (
+			SELECT input_tokens, output_tokens FROM allowance_usage WHERE tenant_id = $1 AND period_start = $2 FOR UPDATE
+		)
+		SELECT (SELECT coalesce(sum(input_tokens), 0)::bigint FROM locked), (SELECT coalesce(sum(output_tokens), 0)::bigint FROM locked),
+			t.included_input_tokens, t.included_output_tokens, now()
+		FROM tenants t WHERE t.id = $1`, d.log.TenantID, d.period).Scan(&total.InputTokens, &total.OutputTokens,
+		&allowance.InputTokens, &allowance.OutputTokens, &now); err != nil {
+		return fmt.Errorf("read allowance totals: %w", err)
+	}
+	change := func(t, d, a int64) int64 { return max(0, t+d-a) - max(0, t-a) }
+	l := d.log
+	l.Overage = overage.Overage{
+		InputTokens:  change(total.InputTokens, l.InputTokens, allowance.InputTokens),
+		OutputTokens: change(total.OutputTokens, l.OutputTokens, allowance.OutputTokens),
+	}
+	l.CreatedAt = now.UTC().Truncate(time.Microsecond)
+	l.BillingStatus = overage.BillingStatusNotBillable
+	if l.Overage.Billable() {
+		l.BillingStatus = overage.BillingStatusPending
+	}
+	l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
+	return nil
+}
+
+// writeDeltaLogs queues the report job of the billable logs (first, as the
+// ingest transaction does: see migrations/0007), then adds each log's
+// tokens to its period's ordered row (slot 0) and inserts the logs.
+func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
+	InsertReportsTx(context.Context, pgx.Tx, uuid.UUID, []uuid.UUID) error
+}, tenantID uuid.UUID, logs []*deltaLog) error {
+	var billable []uuid.UUID
+	for _, d := range logs {
+		if d.log.Overage.Billable() {
+			billable = append(billable, d.log.ID)
+		}
+	}
+	if len(billable) > 0 {
+		if err := ob.InsertReportsTx(ctx, tx, tenantID, billable); err != nil {
+			return err
+		}
+	}
+	for _, d := range logs {
+		l := d.log
+		if _, err := tx.Exec(ctx, `INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
+			VALUES ($1, $2, 0, $3, $4)
+			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
+			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens, output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
+			tenantID, d.period, l.InputTokens, l.OutputTokens); err != nil {
+			return fmt.Errorf("write allowance total: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
+				corrects, correction_reason, stream_request_id)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16)`,
+			l.ID, tenantID, l.RequestID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, d.period,
+			l.Overage.InputTokens, l.Overage.OutputTokens, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID); err != nil {
+			return fmt.Errorf("write usage log: %w", err)
+		}
+	}
+	return nil
 }
 
 // withCorrections adds to a usage log (not a correction) its corrections
