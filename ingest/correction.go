@@ -93,6 +93,8 @@ func notFound(id uuid.UUID) error {
 func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
+	slot := s.slots.take()
+	defer s.slots.give(slot)
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin correction: %w", err)
@@ -108,9 +110,12 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	if err != nil {
 		return nil, fmt.Errorf("read usage log: %w", err)
 	}
-	k, err := claimKey(ctx, tx, tenantID, p.Key, p.Fingerprint)
-	if err != nil || k.replay != nil {
-		return k.replay, err
+	k, err := claimKey(ctx, tx, tenantID, p.Key, p.Fingerprint, slot)
+	if err != nil {
+		return nil, err
+	}
+	if k.replay != nil {
+		return k.replay, nil
 	}
 
 	orig, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1 FOR UPDATE`, p.UsageLogID))
@@ -206,11 +211,16 @@ type keyClaim struct {
 // claimKey takes the key's advisory lock and reads its stored answer, as
 // the ingest transaction does: a live answer is replayed (or refused as key
 // reuse); a key held by a request still executing is 409 in progress.
-func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp []byte) (*keyClaim, error) {
+//
+// The transaction writes the counter rows of slot (see slots.go): a slot no
+// other transaction holds, so its counter rows never make it wait for, or
+// deadlock with, a report worker that holds the usage log it corrects.
+func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp []byte, slot int16) (*keyClaim, error) {
 	k := &keyClaim{tenantID: tenantID, key: key, fingerprint: fp}
 	var locked bool
-	if err := tx.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '10s', true), pg_try_advisory_xact_lock($1)`,
-		lockKey(tenantID, key)).Scan(nil, &locked); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '10s', true),
+		set_config('overage.slot', $2::int::text, true), pg_try_advisory_xact_lock($1)`,
+		lockKey(tenantID, key), slot).Scan(nil, nil, &locked); err != nil {
 		return nil, fmt.Errorf("take idempotency lock: %w", err)
 	}
 	var rec storedResponse
