@@ -143,6 +143,40 @@ func TestChaos(t *testing.T) {
 		t.FailNow()
 	}
 
+	// Streamed responses: checkpoints racing (some sent twice, in any
+	// order), then for half of the streams a final count lower than the
+	// last checkpoint; the other half are abandoned mid-stream.
+	streams := max(events/20, 4)
+	var swg sync.WaitGroup
+	for sn := range streams {
+		tn := tenantList[sn%len(tenantList)]
+		rid := fmt.Sprintf("stream-%d", sn)
+		for seq := range 4 {
+			for range 1 + seq%2 {
+				swg.Add(1)
+				go func() {
+					defer swg.Done()
+					body := fmt.Sprintf(`{"request_id":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d,"stream":{"sequence":%d}}`,
+						rid, 300*(seq+1), 60*(seq+1), seq)
+					if status := postEvent(t, srv.Addr(), tn.APIKey, fmt.Sprintf("%s:%d", rid, seq), body); status != http.StatusAccepted && status != http.StatusOK {
+						t.Errorf("checkpoint %s:%d: status %d", rid, seq, status)
+					}
+				}()
+			}
+		}
+	}
+	swg.Wait()
+	for sn := 0; sn < streams; sn += 2 {
+		rid := fmt.Sprintf("stream-%d", sn)
+		body := fmt.Sprintf(`{"request_id":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":1000,"output_tokens":250,"stream":{"sequence":4,"final":true}}`, rid)
+		if status := postEvent(t, srv.Addr(), tenantList[sn%len(tenantList)].APIKey, rid+":4", body); status != http.StatusAccepted {
+			t.Errorf("final checkpoint of %s: status %d", rid, status)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -155,8 +189,14 @@ func TestChaos(t *testing.T) {
 		}
 		return n
 	}
-	if n := count("SELECT count(*) FROM usage_logs"); n != events {
+	if n := count("SELECT count(*) FROM usage_logs WHERE stream_request_id IS NULL"); n != events {
 		t.Fatalf("%d usage logs for %d events", n, events)
+	}
+	// Each stream's logs add up to its totals: every increase once.
+	if n := count(`SELECT count(*) FROM usage_streams s, LATERAL (SELECT sum(input_tokens) i, sum(output_tokens) o FROM usage_logs u
+			WHERE u.tenant_id = s.tenant_id AND u.stream_request_id = s.request_id) l
+		WHERE s.input_tokens <> l.i OR s.output_tokens <> l.o OR s.input_tokens <> CASE WHEN s.final THEN 1000 ELSE 1200 END`); n != 0 || count("SELECT count(*) FROM usage_streams") != streams {
+		t.Fatalf("%d of %d streams whose logs do not add up to their totals", n, streams)
 	}
 	// Corrections, over HTTP, of logs not yet sent: some lowered (some of
 	// those sent twice under their key, a client retry), some voided.
@@ -386,7 +426,7 @@ func correctWave(t *testing.T, addr string, pool *pgxpool.Pool, events int, pick
 	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT u.id::text, u.request_id, u.input_tokens + coalesce((SELECT sum(c.input_tokens) FROM usage_logs c WHERE c.corrects = u.id), 0),
 			u.output_tokens + coalesce((SELECT sum(c.output_tokens) FROM usage_logs c WHERE c.corrects = u.id), 0)
-		FROM usage_logs u WHERE u.corrects IS NULL`)
+		FROM usage_logs u WHERE u.corrects IS NULL AND u.request_id LIKE 'req-%'`)
 	if err != nil {
 		t.Fatal(err)
 	}
