@@ -119,7 +119,7 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
 		"logs": logs, "tenants": tenants, "billed": billed, "reports": reports, "meter_event_calls": calls, "seconds": elapsed.Seconds(),
 		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls) / elapsed.Seconds(), "calls_peak_per_s": peak,
-		"calls_refused_429": limited,
+		"calls_refused_429":   limited,
 		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers, "hanging_customers": hang,
 	})
 }
