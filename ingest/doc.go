@@ -73,4 +73,17 @@
 // the same key may be retried.
 //
 // Expiry uses the database clock (now() in SQL), never the app server's.
+//
+// # Stream checkpoints and corrections
+//
+// A checkpoint of a streaming response (stream.go) and a correction
+// (correction.go) each run one ordinary transaction under the same key
+// protocol (claimKey: the key's advisory lock, the stored answer replayed or
+// refused). Their referee is a row lock taken before anything is decided:
+// the stream's usage_streams row, the corrected log's row. Each records a
+// usage log holding a token difference (an increase, or a correction's
+// possibly negative difference) whose overage is the change of its
+// period's overage, computed under the period's advisory lock with the
+// period's total rows locked (deltaLog). Their counter rows are those of a
+// leased slot, so they never wait on a report worker's.
 package ingest

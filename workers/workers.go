@@ -52,6 +52,9 @@ type Config struct {
 	// StopTimeout bounds how long in-flight jobs may run after a stop
 	// signal before they are cancelled and handed back to the queue.
 	StopTimeout time.Duration
+	// StreamIdleTimeout: a stream with no checkpoint for this long is
+	// closed (STREAM_IDLE_TIMEOUT).
+	StreamIdleTimeout time.Duration
 }
 
 // Workers is a running set of River workers.
@@ -86,6 +89,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if err := webhooks.AddWorkers(ws, pool, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("add webhook workers: %w", err)
 	}
+	streamCloser, err := addStreamCloser(ws, pool, cfg)
+	if err != nil {
+		return nil, err
+	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		Logger:        cfg.Logger,
 		Workers:       ws,
@@ -118,6 +125,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 				},
 				&river.PeriodicJobOpts{ID: "sweep", RunOnStart: true}),
 			webhooks.PeriodicRetentionJob(cfg.ReapInterval),
+			streamCloser,
 		},
 	})
 	if err != nil {
@@ -163,6 +171,7 @@ func (cfg Config) withDefaults() Config {
 			*d = v
 		}
 	}
+	def(&cfg.StreamIdleTimeout, DefaultStreamIdleTimeout)
 	def(&cfg.ReapInterval, 10*time.Minute)
 	def(&cfg.StopTimeout, 20*time.Second)
 	def(&cfg.IdempotencyWindow, 24*time.Hour)

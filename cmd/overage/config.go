@@ -33,6 +33,9 @@ type Config struct {
 	ReportBatchMax          int
 	AdminToken              string
 	LogLevel                slog.Level
+	// StreamIdleTimeout: a streamed response's checkpoints stop for this
+	// long and the workers close the stream (STREAM_IDLE_TIMEOUT).
+	StreamIdleTimeout time.Duration
 }
 
 const defaultDatabaseURL = "postgres://postgres@localhost:5432/overage?sslmode=disable"
@@ -125,6 +128,7 @@ func readConfig(getenv func(string) string) (*Config, badVars) {
 	c.ReportBatchDelay = dur("REPORT_BATCH_DELAY", time.Second)
 	c.ReportBatchMax = num("REPORT_BATCH_MAX", 10000)
 	c.AdminToken = getenv("ADMIN_TOKEN")
+	c.StreamIdleTimeout = dur("STREAM_IDLE_TIMEOUT", time.Hour)
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			bad("LOG_LEVEL", fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))

@@ -94,6 +94,7 @@ func newWorkers(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger, reg promet
 		JobTimeout:        cfg.ReportJobTimeout,
 		BatchDelay:        cfg.ReportBatchDelay,
 		BatchMax:          cfg.ReportBatchMax,
+		StreamIdleTimeout: cfg.StreamIdleTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)

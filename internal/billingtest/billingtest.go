@@ -38,10 +38,10 @@ func BilledTotals(t testing.TB, pool *pgxpool.Pool) map[emulator.AppliedKey]int6
 		if err := rows.Scan(&cus, &in, &out); err != nil {
 			t.Fatal(err)
 		}
-		if in > 0 {
+		if in != 0 {
 			want[emulator.AppliedKey{Customer: cus, EventName: InputEvent}] = in
 		}
-		if out > 0 {
+		if out != 0 {
 			want[emulator.AppliedKey{Customer: cus, EventName: OutputEvent}] = out
 		}
 	}
@@ -57,7 +57,15 @@ func BilledTotals(t testing.TB, pool *pgxpool.Pool) map[emulator.AppliedKey]int6
 func RequireStripeMatchesBilled(t testing.TB, pool *pgxpool.Pool, emu *emulator.Emulator) {
 	t.Helper()
 	want := BilledTotals(t, pool)
-	if got := emu.Applied(); fmt.Sprint(got) != fmt.Sprint(want) {
+	got := emu.Applied()
+	// Corrections may bring a meter's net total back to zero, which
+	// PostgreSQL's sum shows as no row.
+	for k, v := range got {
+		if v == 0 {
+			delete(got, k)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("Stripe applied %v\nPostgreSQL billed %v", got, want)
 	}
 	for _, e := range emu.Events() {
