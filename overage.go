@@ -66,7 +66,22 @@ type UsageLog struct {
 	FirstAttemptAt *time.Time    `json:"first_attempt_at,omitempty"`
 	BillingMessage *string       `json:"billing_message,omitempty"`
 	StripeEvents   []StripeEvent `json:"stripe_meter_events,omitempty"`
+	// Kind is "usage", or "correction" for a log that corrects another
+	// (Corrects) by the token difference it holds.
+	Kind     string     `json:"kind"`
+	Corrects *uuid.UUID `json:"corrects,omitempty"`
+	Reason   *string    `json:"reason,omitempty"`
+	// CorrectedTotals and Corrections are shown on a read of a usage log
+	// (not a correction): its tokens plus its corrections', and those.
+	CorrectedTotals *Overage   `json:"corrected_totals,omitempty"`
+	Corrections     []UsageLog `json:"corrections,omitempty"`
 }
+
+// Kinds of usage log.
+const (
+	KindUsage      = "usage"
+	KindCorrection = "correction"
+)
 
 // Overage is the billable part of a usage log, per dimension.
 type Overage struct {
@@ -83,7 +98,8 @@ func (o Overage) Of(d Dimension) int64 {
 }
 
 // Billable reports whether anything is to be sent to Stripe.
-func (o Overage) Billable() bool { return o.InputTokens > 0 || o.OutputTokens > 0 }
+// A correction's overage may be negative: overage given back is sent too.
+func (o Overage) Billable() bool { return o.InputTokens != 0 || o.OutputTokens != 0 }
 
 // StripeEvent names the Stripe meter event that carries one dimension of a
 // usage log: the identifier of its report, which may carry many logs (nil

@@ -177,6 +177,17 @@ func withRID(rid string, in, out int) string {
 	return fmt.Sprintf(`{"request_id":%q,"user_id":"u_42","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, rid, in, out)
 }
 
+func streamCheckpoint(rid string, seq int, final bool, in, out int) string {
+	return fmt.Sprintf(`{"request_id":%q,"user_id":"u_42","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d,"stream":{"sequence":%d,"final":%t}}`,
+		rid, in, out, seq, final)
+}
+
+func correct(bearer, key, id string, in, out int) call {
+	c := post(bearer, key, fmt.Sprintf(`{"input_tokens":%d,"output_tokens":%d,"reason":"recount"}`, in, out))
+	c.path = "/v1/usage-events/" + id + "/corrections"
+	return c
+}
+
 func get(path, bearer string) call {
 	return call{method: http.MethodGet, path: path, bearer: bearer}
 }
@@ -583,6 +594,7 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 	}
 	webhookEvent := stripeEvent("evt_apitest_1")
 	bigEvent := `{"id":"evt_apitest_big","object":"event","type":"customer.updated","pad":"` + strings.Repeat("a", 1<<20) + `"}`
+	var correctionBody []byte
 	padded := `{"user_id":"u_42","model_id":"gpt-4o","input_tokens":1,"output_tokens":1` + strings.Repeat(" ", 65<<10) + `}`
 
 	cases := []apiCase{
@@ -865,6 +877,82 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 		{name: "401 usage log with a wrong admin token", status: 401, problem: "unauthorized",
 			req: func(f *fixture) call { return get("/v1/usage-events/"+f.logID, "admin-wrong") }},
 
+		// Stream checkpoints on POST /v1/usage-events, and their listing.
+		{name: "202 stream checkpoint", status: 202,
+			req: func(f *fixture) call { return post(alice(f), "s:0", streamCheckpoint("s-api", 0, false, 10, 2)) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); m["stale"] != false || m["stream"].(map[string]any)["input_tokens"] != float64(10) {
+					t.Fatalf("checkpoint answer = %s", r.body)
+				}
+			}},
+		{name: "200 stale stream checkpoint", status: 200,
+			req: func(f *fixture) call { return post(alice(f), "s:0-again", streamCheckpoint("s-api", 0, false, 10, 2)) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if r.json(t)["stale"] != true {
+					t.Fatalf("stale checkpoint answer = %s", r.body)
+				}
+			}},
+		{name: "422 non-final checkpoint lowers a total", status: 422, problem: "validation-failed", field: "input_tokens",
+			req: func(f *fixture) call { return post(alice(f), "s:1", streamCheckpoint("s-api", 1, false, 5, 2)) }},
+		{name: "202 final checkpoint lowers a total", status: 202,
+			req: func(f *fixture) call { return post(alice(f), "s:2", streamCheckpoint("s-api", 2, true, 5, 4)) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if c, _ := r.json(t)["correction"].(map[string]any); c == nil || c["input_tokens"] != float64(-5) {
+					t.Fatalf("final checkpoint answer = %s", r.body)
+				}
+			}},
+		{name: "409 checkpoint after the final one", status: 409, problem: "stream-closed",
+			req: func(f *fixture) call { return post(alice(f), "s:3", streamCheckpoint("s-api", 3, false, 50, 4)) }},
+		{name: "200 a stream's logs and totals", status: 200,
+			req: func(f *fixture) call { return get("/v1/usage-events?request_id=s-api", alice(f)) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				m := r.json(t)
+				if st := m["stream"].(map[string]any); st["input_tokens"] != float64(5) || st["closed"] != true || len(m["usage_events"].([]any)) != 3 {
+					t.Fatalf("stream listing = %s", r.body)
+				}
+			}},
+		{name: "400 listing without request_id", status: 400, problem: "malformed-request", field: "request_id", docRefuses: true,
+			req: func(f *fixture) call { return get("/v1/usage-events", alice(f)) }},
+		{name: "401 listing without credential", status: 401, problem: "unauthorized", docRefuses: true,
+			req: func(f *fixture) call { return get("/v1/usage-events?request_id=s-api", "") }},
+		{name: "404 listing of another tenant's request_id", status: 404, problem: "not-found",
+			req: func(f *fixture) call { return get("/v1/usage-events?request_id=s-api", f.bob.APIKey) }},
+
+		// POST /v1/usage-events/{id}/corrections.
+		{name: "202 correction voids a usage log", status: 202,
+			req: func(f *fixture) call { return correct(alice(f), "c-1", f.logID, 0, 0) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				m := r.json(t)
+				if m["kind"] != "correction" || m["corrects"] != f.logID || m["stripe_timestamp"] != "original" || m["billing_status"] != "pending" {
+					t.Fatalf("correction answer = %s", r.body)
+				}
+				correctionBody = r.body
+			}},
+		{name: "202 correction replayed", status: 202, replayed: true,
+			req:   func(f *fixture) call { return correct(alice(f), "c-1", f.logID, 0, 0) },
+			check: sameBodyAs(func(*fixture) []byte { return correctionBody })},
+		{name: "200 corrected usage log shows its corrections", status: 200,
+			req: func(f *fixture) call { return get("/v1/usage-events/"+f.logID, alice(f)) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				m := r.json(t)
+				tot, _ := m["corrected_totals"].(map[string]any)
+				if cs, _ := m["corrections"].([]any); len(cs) != 1 || tot["input_tokens"] != float64(0) || tot["output_tokens"] != float64(0) {
+					t.Fatalf("corrected usage log = %s", r.body)
+				}
+			}},
+		{name: "409 correction key reused with another body", status: 409, problem: "idempotency-key-reused",
+			req: func(f *fixture) call { return correct(alice(f), "c-1", f.logID, 1, 0) }},
+		{name: "400 correction without a key", status: 400, problem: "idempotency-key-invalid", field: "Idempotency-Key", docRefuses: true,
+			req: func(f *fixture) call { return correct(alice(f), "", f.logID, 1, 0) }},
+		{name: "401 correction without credential", status: 401, problem: "unauthorized", docRefuses: true,
+			req: func(f *fixture) call { return correct("", "c-2", f.logID, 1, 0) }},
+		{name: "404 correction of another tenant's log", status: 404, problem: "not-found",
+			req: func(f *fixture) call { return correct(f.bob.APIKey, "c-2", f.logID, 1, 0) }},
+		{name: "422 correction below zero", status: 422, problem: "validation-failed", field: "input_tokens", docRefuses: true,
+			req: func(f *fixture) call { return correct(alice(f), "c-2", f.logID, -1, 0) }},
+		{name: "202 correction by the admin token", status: 202,
+			req: func(f *fixture) call { return correct(apitest.AdminToken, "c-3", f.logID, 2, 1) }},
+
 		// Health.
 		{name: "200 healthz", status: 200, req: func(f *fixture) call { return get("/healthz", "") }},
 		{name: "200 readyz", status: 200, req: func(f *fixture) call { return get("/readyz", "") }},
@@ -950,8 +1038,8 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call {
 				return call{method: http.MethodDelete, path: "/v1/usage-events", bearer: alice(f)}
 			}},
-		{name: "405 GET /v1/usage-events", status: 405, problem: "method-not-allowed", undocumented: "MethodNotAllowed",
-			req: func(f *fixture) call { return get("/v1/usage-events", alice(f)) }},
+		{name: "405 PUT /v1/usage-events", status: 405, problem: "method-not-allowed", undocumented: "MethodNotAllowed",
+			req: func(f *fixture) call { return call{method: http.MethodPut, path: "/v1/usage-events", bearer: alice(f)} }},
 		{name: "405 PUT /healthz", status: 405, problem: "method-not-allowed", undocumented: "MethodNotAllowed",
 			req: func(f *fixture) call { return call{method: http.MethodPut, path: "/healthz"} }},
 		{name: "404 unknown path", status: 404, problem: "not-found", undocumented: "NotFound",
@@ -1024,6 +1112,10 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call { return postBatch(alice(f), "b-500", batchOf(withRID("b-500", 1, 1))) }},
 		{name: "500 usage log, internal error", status: 500, problem: "internal",
 			req: func(f *fixture) call { return get("/v1/usage-events/"+f.logID, alice(f)) }},
+		{name: "500 listing, internal error", status: 500, problem: "internal",
+			req: func(f *fixture) call { return get("/v1/usage-events?request_id=s-api", alice(f)) }},
+		{name: "500 correction, internal error", status: 500, problem: "internal",
+			req: func(f *fixture) call { return correct(alice(f), "c-500", f.logID, 3, 3) }},
 		{name: "500 webhook, internal error", status: 500, problem: "internal",
 			req: func(f *fixture) call { return signedWebhook(stripeEvent("evt_apitest_500")) }},
 		{name: "500 billing status, internal error", status: 500, problem: "internal",
@@ -1039,6 +1131,12 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			check:  retryAfter},
 		{name: "503 batch, database down", status: 503, problem: "service-unavailable",
 			req:   func(f *fixture) call { return postBatch(alice(f), "b-down", batchOf(withRID("b-down", 1, 1))) },
+			check: retryAfter},
+		{name: "503 listing, database down", status: 503, problem: "service-unavailable",
+			req:   func(f *fixture) call { return get("/v1/usage-events?request_id=s-api", alice(f)) },
+			check: retryAfter},
+		{name: "503 correction, database down", status: 503, problem: "service-unavailable",
+			req:   func(f *fixture) call { return correct(alice(f), "c-down", f.logID, 3, 3) },
 			check: retryAfter},
 		{name: "503 usage log, database down", status: 503, problem: "service-unavailable",
 			req:   func(f *fixture) call { return get("/v1/usage-events/"+f.logID, alice(f)) },

@@ -37,6 +37,9 @@ type Config struct {
 	ReportBatchMax          int
 	AdminToken              string
 	LogLevel                slog.Level
+	// StreamIdleTimeout: a streamed response's checkpoints stop for this
+	// long and the workers close the stream (STREAM_IDLE_TIMEOUT).
+	StreamIdleTimeout time.Duration
 }
 
 // DefaultDatabaseURL is DATABASE_URL when it is unset.
@@ -130,6 +133,7 @@ func ReadConfig(getenv func(string) string) (*Config, BadVars) {
 	c.ReportBatchDelay = dur("REPORT_BATCH_DELAY", outbox.DefaultBatchDelay)
 	c.ReportBatchMax = num("REPORT_BATCH_MAX", workers.DefaultBatchMax)
 	c.AdminToken = getenv("ADMIN_TOKEN")
+	c.StreamIdleTimeout = dur("STREAM_IDLE_TIMEOUT", workers.DefaultStreamIdleTimeout)
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			bad("LOG_LEVEL", fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))

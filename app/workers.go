@@ -73,5 +73,6 @@ func WorkersConfig(cfg *Config, logger *slog.Logger, stripe stripeclient.Sender)
 		JobTimeout:        cfg.ReportJobTimeout,
 		BatchDelay:        cfg.ReportBatchDelay,
 		BatchMax:          cfg.ReportBatchMax,
+		StreamIdleTimeout: cfg.StreamIdleTimeout,
 	}
 }

@@ -7,17 +7,19 @@
 #           (no allowance), vs ref_single.pgbench at 32 clients;
 #   batch:  POST /v1/usage-events/batch, 1,000 events a request, 8 clients,
 #           100 tenants, vs ref_batch.pgbench at 8 clients (x 1,000 events).
-# Then the drain and status benchmarks (INGEST_ONLY=1 skips them).
+# Then end to end (bench/e2e), the drain and the status benchmarks.
+# INGEST_ONLY=1 runs only the ingest figures, E2E_ONLY=1 only end to end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-15}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
-BENCH_DB=overage_bench
+BENCH_DB=${BENCH_DB:-overage_bench}  # a different name lets two checkouts bench side by side
 db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
 BENCH_URL=$(db_url $BENCH_DB)
 REF_URL=$(db_url ${BENCH_DB}_ref)
-ADDR=127.0.0.1:18080
+ADDR=${BENCH_ADDR:-127.0.0.1:18080}
 
+ingest() {
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "CREATE DATABASE $BENCH_DB" \
   -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_ref"
 ./bin/overage migrate --database-url "$BENCH_URL" >/dev/null 2>&1
@@ -40,7 +42,13 @@ run() {
   # ingestload exits 1 when a request was not answered 202; its JSON still
   # counts only the 202s, and the errors are printed below.
   http_half() { ./bin/ingestload -url "http://$ADDR" -clients "$c" -duration "${half}s" "$@" || true; }
-  ref_half() { pgbench -n -c "$c" -j 2 -T "$half" -f "$script" "$REF_URL" 2>&1 | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | tail -1; }
+  # A failing pgbench (say, too many clients on a shared server) is shown,
+  # not swallowed by set -e.
+  ref_half() {
+    local out
+    out=$(pgbench -n -c "$c" -j 2 -T "$half" -f "$script" "$REF_URL" 2>&1) || { echo "pgbench failed: $out" >&2; return 1; }
+    sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out" | tail -1
+  }
   h1=$(http_half "$@"); p1=$(ref_half); p2=$(ref_half); h2=$(http_half "$@")
   python3 - "$name" "$c" "$h1" "$h2" "$p1" "$p2" "$per" <<'PY'
 import json, sys
@@ -63,7 +71,21 @@ run single 32 1 bench/ref_single.pgbench -tenants 1
 run batch 8 1000 bench/ref_batch.pgbench -tenants 100 -batch 1000
 kill $SERVE; wait $SERVE 2>/dev/null || true
 trap - EXIT
+}
+[ -z "${E2E_ONLY:-}" ] && ingest
 [ -n "${INGEST_ONLY:-}" ] && exit 0
+
+# End to end: 100 tenants offer E2E_RATE (10,000) events/s in batches of
+# E2E_BATCH (100: each tenant a batch a second) for E2E_SECONDS (30) to one
+# `overage serve`, one `overage work` reporting to the emulator (5 ms
+# latency, 1,000 calls/s, one call at a time per customer and meter).
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_e2e WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_e2e"
+E2E_URL=$(db_url ${BENCH_DB}_e2e)
+./bin/overage migrate --database-url "$E2E_URL" >/dev/null 2>&1
+psql -q "$E2E_URL" -f bench/setup.sql
+go run ./bench/e2e -database-url "$E2E_URL" -addr "${E2E_ADDR:-127.0.0.1:18081}" -rate "${E2E_RATE:-10000}" -batch "${E2E_BATCH:-100}" -duration "${E2E_SECONDS:-30}s"
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_e2e WITH (FORCE)"
+[ -n "${E2E_ONLY:-}" ] && exit 0
 
 # Drain: 200,000 pending logs of 100 tenants, one `overage work` process,
 # the emulator with 5 ms latency, Stripe's 1,000 calls/s per account and one
@@ -79,7 +101,7 @@ go run ./bench/drain -database-url "$DRAIN_URL" -logs "${DRAIN_LOGS:-200000}" -t
 # be billed at about the rate above.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_drain WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_drain"
 ./bin/overage migrate --database-url "$DRAIN_URL" >/dev/null
-go run ./bench/drain -database-url "$DRAIN_URL" -logs 20000 -hang 10
+go run ./bench/drain -database-url "$DRAIN_URL" -logs 20000 -tenants 200 -hang 10
 
 # Status: GET /v1/billing/status over real HTTP on 10 million usage logs
 # across 1,000 tenants, seeded with COPY (STATUS_LOGS shrinks it).

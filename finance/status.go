@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
+
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Beginner is what RebuildCounters writes with; *pgxpool.Pool and
@@ -75,28 +77,28 @@ type Report struct {
 // tenant has pending logs. %s is the tenant filter: with "WHERE t.id = $1"
 // the planner carries the condition into the grouped subquery, so one
 // tenant's report reads only its own counter rows.
-const statusQuery = `
+var statusQuery = `
 SELECT t.id, t.name, t.stripe_customer_id,
 	coalesce(c.usage_logs, 0), coalesce(c.billed, 0), coalesce(c.pending, 0), coalesce(c.not_billable, 0),
 	coalesce(c.needs_review, 0), coalesce(c.failed, 0),
 	coalesce(c.overage_input_tokens, 0), coalesce(c.overage_output_tokens, 0),
 	coalesce(c.billed_input_tokens, 0), coalesce(c.billed_output_tokens, 0),
 	CASE WHEN c.pending > 0 THEN
-		(SELECT min(u.created_at) FROM usage_logs u WHERE u.tenant_id = t.id AND u.billing_status = 'pending')
+		(SELECT min(u.created_at) FROM usage_logs u WHERE u.tenant_id = t.id AND ` + usagelog.Is("u.billing_status", usagelog.StatusPending) + `)
 	END
 FROM tenants t
 LEFT JOIN (
 	SELECT b.tenant_id,
 		sum(b.usage_logs)::bigint AS usage_logs,
-		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'billed'))::bigint AS billed,
-		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'pending'))::bigint AS pending,
-		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'not_billable'))::bigint AS not_billable,
-		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'needs_review'))::bigint AS needs_review,
-		(sum(b.usage_logs) FILTER (WHERE b.billing_status = 'failed'))::bigint AS failed,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusPending) + `))::bigint AS pending,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNotBillable) + `))::bigint AS not_billable,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNeedsReview) + `))::bigint AS needs_review,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusFailed) + `))::bigint AS failed,
 		sum(b.overage_input_tokens)::bigint AS overage_input_tokens,
 		sum(b.overage_output_tokens)::bigint AS overage_output_tokens,
-		(sum(b.overage_input_tokens) FILTER (WHERE b.billing_status = 'billed'))::bigint AS billed_input_tokens,
-		(sum(b.overage_output_tokens) FILTER (WHERE b.billing_status = 'billed'))::bigint AS billed_output_tokens
+		(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed_input_tokens,
+		(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed_output_tokens
 	FROM billing_counters b
 	GROUP BY b.tenant_id
 ) c ON c.tenant_id = t.id

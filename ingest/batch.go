@@ -69,6 +69,12 @@ func parseBatch(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, error
 			continue
 		}
 		events[i] = ev
+		if ev.Stream != nil {
+			// A checkpoint's answer (stale, stream totals) has no place in a
+			// batch answer: checkpoints go to POST /v1/usage-events.
+			fields = append(fields, overage.FieldError{Field: prefix + "stream", Detail: "stream checkpoints are sent one at a time to POST /v1/usage-events"})
+			continue
+		}
 		if ev.TenantID != nil && *ev.TenantID != tenantID {
 			return nil, overage.Errorf(overage.EFORBIDDEN, "tenant-mismatch", "events[%d].tenant_id names a tenant other than the API key's", i)
 		}

@@ -33,11 +33,14 @@ type Event struct {
 	InputTokens  int64
 	OutputTokens int64
 	TenantID     *uuid.UUID
+	// Stream, when set, makes the event a checkpoint of a streaming
+	// response: the tokens are the cumulative totals so far (stream.go).
+	Stream *Checkpoint
 }
 
 var knownFields = map[string]bool{
 	"request_id": true, "timestamp": true, "user_id": true, "model_id": true,
-	"input_tokens": true, "output_tokens": true, "tenant_id": true,
+	"input_tokens": true, "output_tokens": true, "tenant_id": true, "stream": true,
 }
 
 // parseEvent decodes and validates a body, reporting every problem at once.
@@ -118,7 +121,14 @@ func parseEvent(body []byte, now time.Time) (*Event, error) {
 	}
 	ev.InputTokens = tokens(fieldInputTokens)
 	ev.OutputTokens = tokens("output_tokens")
-	if len(fields) == 0 && ev.InputTokens == 0 && ev.OutputTokens == 0 {
+	if v, ok := raw["stream"]; ok && string(v) != "null" {
+		ev.Stream = parseStream(v, bad)
+		if ev.RequestID == nil && raw["request_id"] == nil {
+			bad("request_id", "is required for a stream checkpoint")
+		}
+	}
+	// A stream's first checkpoint may report nothing yet.
+	if len(fields) == 0 && ev.Stream == nil && ev.InputTokens == 0 && ev.OutputTokens == 0 {
 		bad("input_tokens", "input_tokens and output_tokens are both zero: nothing to record")
 	}
 

@@ -68,6 +68,8 @@ func (h *Handler) Routes(r chi.Router) {
 	r.Post("/v1/usage-events", h.create)
 	r.Post("/v1/usage-events/batch", h.createBatch)
 	r.Get("/v1/usage-events/{id}", h.get)
+	r.Post("/v1/usage-events/{id}/corrections", h.createCorrection)
+	r.Get("/v1/usage-events", h.listByRequestID)
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
@@ -112,6 +114,9 @@ func (h *Handler) record(r *http.Request) (*Outcome, error) {
 	fp, err := fingerprint(r.Method, r.URL.Path, in.body)
 	if err != nil {
 		return nil, malformed("body", err.Error())
+	}
+	if ev.Stream != nil {
+		return h.svc.Checkpoint(r.Context(), RecordParams{TenantID: in.tenantID, Key: in.key, Fingerprint: fp, Event: ev})
 	}
 	return h.svc.Record(r.Context(), RecordParams{TenantID: in.tenantID, Key: in.key, Fingerprint: fp, Event: ev})
 }

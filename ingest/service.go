@@ -457,6 +457,7 @@ func (st *state) newLogs(req request, fresh []int, results []result) (*writes, e
 			},
 			BillingStatus: overage.BillingStatusNotBillable,
 			CreatedAt:     st.now,
+			Kind:          overage.KindUsage,
 		}
 		tot.InputTokens += ev.InputTokens
 		tot.OutputTokens += ev.OutputTokens
@@ -644,7 +645,8 @@ type logResponse struct {
 
 const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
-	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead`
+	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
+	corrects, correction_reason`
 
 func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	l := &overage.UsageLog{}
@@ -652,8 +654,12 @@ func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	var inLead, outLead *uuid.UUID
 	if err := row.Scan(&l.ID, &l.TenantID, &l.RequestID, &l.Timestamp, &l.UserID, &l.ModelID, &l.InputTokens, &l.OutputTokens,
 		&l.Overage.InputTokens, &l.Overage.OutputTokens, &l.BillingStatus, &l.BilledAt, &l.CreatedAt,
-		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead); err != nil {
+		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason); err != nil {
 		return nil, err
+	}
+	l.Kind = overage.KindUsage
+	if l.Corrects != nil {
+		l.Kind = overage.KindCorrection
 	}
 	l.Timestamp = l.Timestamp.UTC()
 	l.CreatedAt = l.CreatedAt.UTC()
@@ -667,7 +673,7 @@ func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 func meterEvents(o overage.Overage, leads [2]*uuid.UUID, accepted [2]*time.Time) []overage.StripeEvent {
 	var out []overage.StripeEvent
 	for i, d := range overage.Dimensions {
-		if v := o.Of(d); v > 0 {
+		if v := o.Of(d); v != 0 {
 			e := overage.StripeEvent{Dimension: d, Value: v, AcceptedAt: accepted[i]}
 			if leads[i] != nil {
 				key := overage.MeterEventKey(*leads[i], d)
@@ -690,6 +696,9 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	}
 	if err != nil {
 		return nil, dbError(fmt.Errorf("get usage log: %w", err))
+	}
+	if err := s.withCorrections(ctx, l); err != nil {
+		return nil, dbError(err)
 	}
 	return l, nil
 }

@@ -7,7 +7,6 @@ package metrics
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
+
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Ingest outcomes, the label values of overage_ingest_requests_total.
@@ -202,16 +203,6 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 // tenant) and the partial index on pending logs, so a scrape stays cheap at
 // millions of logs.
 func ReadBacklog(ctx context.Context, db overage.DB) (Backlog, error) {
-	var b Backlog
-	err := db.QueryRow(ctx, `SELECT
-			coalesce(sum(usage_logs) FILTER (WHERE billing_status = 'pending'), 0)::bigint,
-			coalesce(sum(usage_logs) FILTER (WHERE billing_status = 'needs_review'), 0)::bigint,
-			coalesce(sum(usage_logs) FILTER (WHERE billing_status = 'failed'), 0)::bigint,
-			(SELECT min(created_at) FROM usage_logs WHERE billing_status = 'pending'),
-			now()
-		FROM billing_counters`).Scan(&b.Pending, &b.NeedsReview, &b.Failed, &b.OldestPending, &b.Now)
-	if err != nil {
-		return b, fmt.Errorf("read billing backlog: %w", err)
-	}
-	return b, nil
+	b, err := usagelog.ReadBacklog(ctx, db)
+	return Backlog(b), err
 }

@@ -5,7 +5,8 @@
 -- usage-log:<lead_usage_log_id>:<dimension>, so the primary key is also the
 -- referee of "one meter event per identifier".
 --
--- Deployment on a large table: usage_reports is new and empty. The two
+-- Deployment on a large table: usage_reports and report_batches are new and
+-- empty. The two
 -- columns added to usage_logs are nullable without a default, so ADD COLUMN
 -- only changes the catalog (no rewrite, no scan); no index is built on
 -- usage_logs (a report finds its members through member_ids and the primary
@@ -54,3 +55,15 @@ CREATE INDEX usage_reports_open ON usage_reports (tenant_id, created_at) WHERE s
 
 COMMENT ON TABLE usage_reports IS
     'one Stripe meter event each: one dimension of one or more usage logs of a tenant, period and UTC day; members and value fixed before the first send';
+
+-- One row per (tenant, batch period) whose report job an ingest transaction
+-- queued: the first transaction of a period inserts it and the River job;
+-- the others find the row (ON CONFLICT DO NOTHING writes nothing) and skip
+-- River's unique insert, which would rewrite the period's job row in every
+-- ingest transaction of the tenant. The report job deletes its tenant's
+-- rows of past periods when it runs.
+CREATE TABLE report_batches (
+    tenant_id uuid NOT NULL,
+    batch     timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, batch)
+);

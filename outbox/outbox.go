@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
 )
@@ -117,17 +118,42 @@ func (i *Inserter) report(tenantID uuid.UUID, now time.Time) (ReportArgs, *river
 }
 
 // InsertReportsTx queues, in the ingest transaction tx, the report of the
-// usage logs it wrote, all of tenantID. It costs one unique job insert per
-// transaction, whatever the number of logs. A concurrent transaction of the
-// same tenant inserting in the same period waits for this one to commit
-// (River's unique insert), then joins its job; ingest transactions of one
-// tenant are serialised by the allowance row anyway, which they take first.
+// usage logs it wrote, all of tenantID, whatever their number. Only the
+// first transaction of the tenant's batch period inserts the River job; the
+// others find the period's report_batches row and stop there, a primary-key
+// probe that writes nothing. (River's unique insert would rewrite the
+// period's job row in each of them.) A concurrent transaction of the tenant
+// in the same period waits for the first to commit — then skips — or to
+// roll back — then queues the job itself; ingest transactions of one tenant
+// wait for each other on the allowance row anyway, which they take first.
 func (i *Inserter) InsertReportsTx(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, usageLogIDs []uuid.UUID) error {
 	if len(usageLogIDs) == 0 {
 		return nil
 	}
-	if _, err := i.InsertTenantReportTx(ctx, tx, tenantID); err != nil {
+	args, opts := i.report(tenantID, time.Now())
+	tag, err := tx.Exec(ctx, `INSERT INTO report_batches (tenant_id, batch) VALUES ($1, $2) ON CONFLICT DO NOTHING`, tenantID, args.Batch)
+	if err != nil {
 		return fmt.Errorf("queue report of %d usage logs: %w", len(usageLogIDs), err)
+	}
+	if tag.RowsAffected() == 0 {
+		return nil // the period's job is queued
+	}
+	res, err := i.client.InsertTx(ctx, tx, args, opts)
+	if err != nil {
+		return fmt.Errorf("queue report of %d usage logs: insert report job for tenant %s: %w", len(usageLogIDs), tenantID, err)
+	}
+	return makeDue(ctx, tx, []*rivertype.JobInsertResult{res})
+}
+
+// ForgetBatches deletes the tenant's report_batches rows up to and
+// including batch: its report job is running, so a transaction of those
+// periods committing now queues a job again (River's uniqueness then
+// decides), and the table stays as small as the periods in flight.
+func ForgetBatches(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, tenantID uuid.UUID, batch time.Time) error {
+	if _, err := db.Exec(ctx, `DELETE FROM report_batches WHERE tenant_id = $1 AND batch <= $2`, tenantID, batch); err != nil {
+		return fmt.Errorf("forget report batches of tenant %s: %w", tenantID, err)
 	}
 	return nil
 }

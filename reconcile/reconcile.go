@@ -15,6 +15,8 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
+
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Defaults of Params.
@@ -370,11 +372,11 @@ func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, ten
 	// towards the sums. greatest() ignores NULLs.
 	q := `SELECT t.stripe_customer_id,
 			to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'),
-			coalesce(sum(u.overage_input_tokens) FILTER (WHERE u.billing_status = 'billed'), 0)::bigint,
-			coalesce(sum(u.overage_output_tokens) FILTER (WHERE u.billing_status = 'billed'), 0)::bigint,
+			coalesce(sum(u.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
+			coalesce(sum(u.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
 			coalesce(bool_or(greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3), false)
 		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		WHERE u.ts >= $1 AND u.ts < $2 AND u.billing_status <> 'not_billable'`
+		WHERE u.ts >= $1 AND u.ts < $2 AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
 	args := []any{from, end, cutoff}
 	if tenantIDs != nil {
 		q += ` AND u.tenant_id = ANY($4)`

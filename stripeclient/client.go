@@ -36,7 +36,7 @@ const (
 type MeterEvent struct {
 	EventName  string    // meter event name, e.g. llm_input_tokens
 	CustomerID string    // payload[stripe_customer_id]
-	Value      int64     // payload[value], the overage, > 0
+	Value      int64     // payload[value], the overage; negative for a correction giving overage back, never 0
 	Timestamp  time.Time // the usage's timestamp (sent in whole seconds)
 	Key        string    // used as BOTH the Idempotency-Key header and the meter event identifier
 }
@@ -304,8 +304,9 @@ func (ev MeterEvent) validate() error {
 		return refuse("event name is longer than 100 bytes")
 	case ev.CustomerID == "":
 		return refuse("meter event has no customer")
-	case ev.Value <= 0:
-		return refuse("value %d must be positive", ev.Value)
+	case ev.Value == 0:
+		// A negative value is valid: a correction giving overage back.
+		return refuse("value is zero: nothing to send")
 	case ev.Timestamp.IsZero():
 		return refuse("meter event has no timestamp")
 	}

@@ -235,7 +235,6 @@ func TestRefusesEventsItCannotSendSafely(t *testing.T) {
 		{"no event name", func(e *stripeclient.MeterEvent) { e.EventName = "" }},
 		{"no customer", func(e *stripeclient.MeterEvent) { e.CustomerID = "" }},
 		{"zero value", func(e *stripeclient.MeterEvent) { e.Value = 0 }},
-		{"negative value", func(e *stripeclient.MeterEvent) { e.Value = -5 }},
 		{"no timestamp", func(e *stripeclient.MeterEvent) { e.Timestamp = time.Time{} }},
 	} {
 		ev := event("cus_1", "usage-log:6:input")

@@ -145,7 +145,9 @@ func dimIndex(d overage.Dimension) int {
 
 // lockCandidates reads and locks the tenant's oldest pending logs with a
 // dimension in no report yet, walking the (tenant_id, created_at) pending
-// index. Logs another transaction holds are skipped, not waited for.
+// index in its order (no sort: a tie on created_at, as a bulk insert makes,
+// would otherwise sort every pending log of the tenant at each call). Logs
+// another transaction holds are skipped, not waited for.
 func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit int) ([]*candidate, error) {
 	const needIn = `(overage_input_tokens <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`
 	const needOut = `(overage_output_tokens <> 0 AND output_report_lead IS NULL AND output_accepted_at IS NULL)`
@@ -153,7 +155,7 @@ func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit in
 			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL
 		FROM usage_logs
 		WHERE tenant_id = $1 AND billing_status = 'pending' AND (`+needIn+` OR `+needOut+`)
-		ORDER BY created_at, id LIMIT $2
+		ORDER BY created_at LIMIT $2
 		FOR UPDATE SKIP LOCKED`, tenantID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("lock pending usage logs: %w", err)

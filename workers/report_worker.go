@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
@@ -43,6 +45,8 @@ type ReportWorker struct {
 	// hands its remaining work back (a snooze) after half of it.
 	jobTimeout time.Duration
 	batchMax   int
+	// inserter queues the follow-up job (see Work).
+	inserter *outbox.Inserter
 }
 
 // claimLimit bounds the open reports one round sends again.
@@ -67,6 +71,9 @@ func backoff(errorsSoFar int) time.Duration {
 // Work implements river.Worker.
 func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArgs]) error {
 	tenantID := job.Args.TenantID
+	if err := outbox.ForgetBatches(ctx, w.pool, tenantID, job.Args.Batch); err != nil {
+		return err
+	}
 	var customer string
 	var suspended *string
 	if err := w.pool.QueryRow(ctx, `SELECT stripe_customer_id,
@@ -86,6 +93,7 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 		return nil
 	}
 	handBack := time.Now().Add(w.jobTimeout / 2)
+	worked := false
 	for {
 		reports, err := w.store.Claim(ctx, usagelog.ClaimParams{TenantID: tenantID, Limit: claimLimit, Lease: w.jobTimeout, Guard: w.guard})
 		if err != nil {
@@ -101,11 +109,18 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 			// Another job holds an open report: a live one sends it, a
 			// killed one's lease lapses; come back then.
 			held, ok, err := w.store.HeldFor(ctx, tenantID)
-			if err != nil || !ok {
+			if err != nil {
 				return err
 			}
-			return river.JobSnooze(held + time.Second)
+			if ok {
+				return river.JobSnooze(held + time.Second)
+			}
+			if worked {
+				return w.followUp(ctx, tenantID)
+			}
+			return nil
 		}
+		worked = true
 		if err := w.round(ctx, customer, reports); err != nil {
 			return err
 		}
@@ -115,6 +130,26 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 			return river.JobSnooze(0)
 		}
 	}
+}
+
+// followUp queues the tenant's job of the next batch period after a run
+// that reported something. An ingest transaction of the period this job
+// gathered may commit after the job formed its reports (it joined this job
+// before it ran): without a follow-up its logs would wait for the tenant's
+// next event or the sweep (SWEEP_GRACE). A follow-up that finds nothing
+// queues none, so a quiet tenant costs one empty run.
+func (w *ReportWorker) followUp(ctx context.Context, tenantID uuid.UUID) error {
+	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
+	if err != nil {
+		return fmt.Errorf("queue follow-up report job of tenant %s: %w", tenantID, err)
+	}
+	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		_, err := w.inserter.InsertTenantReportsTx(ctx, tx, client, []uuid.UUID{tenantID})
+		return err
+	}); err != nil {
+		return fmt.Errorf("queue follow-up report job of tenant %s: %w", tenantID, err)
+	}
+	return nil
 }
 
 // outcome is what became of one report's send.

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/poll"
@@ -17,8 +20,6 @@ import (
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/workers"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/rivertype"
 )
 
 // requestsOf returns every request Stripe received with the report's key,
@@ -248,5 +249,46 @@ func TestLostAnswersAndServerErrorsNeverDoubleBill(t *testing.T) {
 		t.Fatalf("outcomes %v: the faults did not happen", outcomes)
 	}
 	t.Log(fmt.Sprint(len(ids), " logs in ", reports, " reports; Stripe calls: ", outcomes))
+	requireAppliedEqualsBilled(t, b)
+}
+
+// An ingest transaction that joined its tenant's report job but committed
+// after the job had formed its reports (a straggler) has no job of its
+// own: the job that reported something queues a follow-up for the next
+// batch period, which bills the straggler without waiting for the sweep.
+func TestALogCommittedAfterItsJobRanIsBilledByTheFollowUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t, emulator.Faults{})
+	ctx := context.Background()
+	first := b.Record(t, "cus_a", 10, 1)
+	stop := b.Start(t, workers.Config{SweepGrace: time.Hour})
+	b.waitStatus(t, first, overage.BillingStatusBilled, 20*time.Second)
+
+	rc, err := river.NewClient(riverpgxv5.New(b.Pool), &river.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var followUp *rivertype.JobRow
+	poll.Until(t, "a follow-up report job", 10*time.Second, func() bool {
+		res, err := rc.JobList(ctx, river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).
+			States(rivertype.JobStateAvailable, rivertype.JobStateScheduled))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Jobs) == 1 {
+			followUp = res.Jobs[0]
+		}
+		return followUp != nil
+	})
+	stop()
+
+	straggler := uuid.Must(uuid.NewV7())
+	if _, err := b.Pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
+			period_start, overage_input_tokens, overage_output_tokens, billing_status)
+		SELECT $1, tenant_id, ts, user_id, model_id, 7, 0, period_start, 7, 0, 'pending' FROM usage_logs WHERE id = $2`, straggler, first); err != nil {
+		t.Fatal(err)
+	}
+	b.Start(t, workers.Config{SweepGrace: time.Hour})
+	b.waitStatus(t, straggler, overage.BillingStatusBilled, 20*time.Second)
 	requireAppliedEqualsBilled(t, b)
 }

@@ -51,6 +51,9 @@ type Config struct {
 	// StopTimeout bounds how long in-flight jobs may run after a stop
 	// signal before they are cancelled and handed back to the queue.
 	StopTimeout time.Duration
+	// StreamIdleTimeout: a stream with no checkpoint for this long is
+	// closed (STREAM_IDLE_TIMEOUT).
+	StreamIdleTimeout time.Duration
 }
 
 // Workers is a running set of River workers.
@@ -74,7 +77,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	}
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
 		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
-		meters: map[overage.Dimension]string{overage.DimensionInput: cfg.MeterInputEvent, overage.DimensionOutput: cfg.MeterOutputEvent},
+		inserter: outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay),
+		meters:   map[overage.Dimension]string{overage.DimensionInput: cfg.MeterInputEvent, overage.DimensionOutput: cfg.MeterOutputEvent},
 	}); err != nil {
 		return nil, fmt.Errorf("add report worker: %w", err)
 	}
@@ -83,6 +87,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	}
 	if err := AddWebhookWorkers(ws, pool, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("add webhook workers: %w", err)
+	}
+	streamCloser, err := addStreamCloser(ws, pool, cfg)
+	if err != nil {
+		return nil, err
 	}
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		Logger:        cfg.Logger,
@@ -115,6 +123,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 				},
 				&river.PeriodicJobOpts{ID: "sweep", RunOnStart: true}),
 			WebhookRetentionJob(cfg.ReapInterval),
+			streamCloser,
 		},
 	})
 	if err != nil {
@@ -171,6 +180,7 @@ func (cfg Config) withDefaults() Config {
 			*d = v
 		}
 	}
+	def(&cfg.StreamIdleTimeout, DefaultStreamIdleTimeout)
 	def(&cfg.ReapInterval, 10*time.Minute)
 	def(&cfg.StopTimeout, 20*time.Second)
 	def(&cfg.IdempotencyWindow, overage.StripeIdempotencyWindow)

@@ -15,9 +15,7 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,8 +24,12 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/overage-billing/overage/bench/internal/benchkit"
+	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
+
+	"github.com/overage-billing/overage/usagelog"
 )
 
 func main() {
@@ -38,14 +40,15 @@ func main() {
 	latency := flag.Duration("latency", 5*time.Millisecond, "emulator latency per call")
 	workers := flag.Int("workers", 200, "REPORT_WORKERS of the work process")
 	rateLimit := flag.Int("rate-limit", 1000, "STRIPE_RATE_LIMIT of the work process; the emulator enforces Stripe's 1,000/s per account")
+	batchMax := flag.Int("batch-max", 0, "REPORT_BATCH_MAX of the work process (0: its default)")
 	hang := flag.Int("hang", 0, "customers whose calls never get an answer; the drain ends when everyone else's logs are billed")
 	flag.Parse()
-	if err := run(*dbURL, *bin, *logs, *tenants, *latency, *workers, *rateLimit, *hang); err != nil {
+	if err := run(*dbURL, *bin, *logs, *tenants, *latency, *workers, *rateLimit, *batchMax, *hang); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, rateLimit, hang int) error {
+func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, rateLimit, batchMax, hang int) error {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
@@ -67,21 +70,18 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 	}
 	defer emu.Close()
 
-	cmd := exec.Command(bin, "work")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "STRIPE_SECRET_KEY=sk_test_123", "STRIPE_API_BASE="+base,
-		"STRIPE_RATE_LIMIT="+strconv.Itoa(rateLimit), "REPORT_WORKERS="+strconv.Itoa(workers), "LOG_LEVEL=warn")
-	cmd.Stderr = os.Stderr
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	work, err := benchkit.StartWork(benchkit.WorkOpts{Bin: bin, DatabaseURL: dbURL, StripeBase: base, RateLimit: rateLimit, Workers: workers, BatchMax: batchMax})
+	if err != nil {
 		return err
 	}
-	defer func() { _ = cmd.Process.Signal(syscall.SIGTERM); _ = cmd.Wait() }()
+	defer work.Stop()
 	for {
 		// EXISTS, not count(*): the poll must not itself load the database
 		// it measures.
 		var pending bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-			WHERE u.billing_status = 'pending' AND t.stripe_customer_id <> ALL($1))`, hung).Scan(&pending); err != nil {
+			WHERE `+usagelog.Is("u.billing_status", usagelog.StatusPending)+` AND t.stripe_customer_id <> ALL($1))`, hung).Scan(&pending); err != nil {
 			return err
 		}
 		if !pending {
@@ -94,33 +94,19 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 	}
 	elapsed := time.Since(start)
 	var billed int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'").Scan(&billed); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE "+usagelog.Is("billing_status", usagelog.StatusBilled)).Scan(&billed); err != nil {
 		return err
 	}
-	reqs := emu.Requests()
-	calls := len(reqs)
-	// Calls per second: the mean over the drain, and the busiest second.
-	perSecond := map[int64]int{}
-	limited := 0
-	for _, r := range reqs {
-		perSecond[r.ReceivedAt.Unix()]++
-		if r.Outcome == emulator.OutcomeRateLimited || r.Outcome == emulator.OutcomeConcurrentRateLimit {
-			limited++
-		}
-	}
-	peak := 0
-	for _, n := range perSecond {
-		peak = max(peak, n)
-	}
+	calls := benchkit.CountCalls(emu.Requests())
 	var reports int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_reports").Scan(&reports); err != nil {
 		return err
 	}
 	return json.NewEncoder(os.Stdout).Encode(map[string]any{
-		"logs": logs, "tenants": tenants, "billed": billed, "reports": reports, "meter_event_calls": calls, "seconds": elapsed.Seconds(),
-		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls) / elapsed.Seconds(), "calls_peak_per_s": peak,
-		"calls_refused_429":   limited,
-		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers, "hanging_customers": hang,
+		"logs": logs, "tenants": tenants, "billed": billed, "reports": reports, "meter_event_calls": calls.Total, "seconds": elapsed.Seconds(),
+		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls.Total) / elapsed.Seconds(), "calls_peak_per_s": calls.PeakPerSecond,
+		"calls_refused_429":   calls.Refused429,
+		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers, "hanging_customers": hang, "batch_max": batchMax,
 	})
 }
 
@@ -131,11 +117,27 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 		SELECT gen_random_uuid(), 'drain' || n, 'cus_drain' || n FROM generate_series(1, $1) n`, tenants); err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
-			period_start, overage_input_tokens, overage_output_tokens, billing_status)
-		SELECT gen_random_uuid(), t.id, now() - interval '1 minute', 'u' || n, 'm', 100, 50, date_trunc('month', now()), 100, 50, 'pending'
-		FROM generate_series(1, $1) n
-		JOIN (SELECT id, row_number() OVER () - 1 AS i FROM tenants) t ON t.i = n % $2`, logs, tenants); err != nil {
+	// The counters trigger fires per row, and within one transaction its
+	// upserts of one tenant's counter rows grow slower with every row: the
+	// backlog is inserted with it off, then the counters are rebuilt from
+	// the rows, as finance.RebuildCounters does for an operator.
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `ALTER TABLE usage_logs DISABLE TRIGGER usage_logs_billing_counters_insert`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
+				period_start, overage_input_tokens, overage_output_tokens, billing_status)
+			SELECT gen_random_uuid(), t.id, now() - interval '1 minute', 'u' || n, 'm', 100, 50, date_trunc('month', now()), 100, 50, 'pending'
+			FROM generate_series(1, $1) n
+			JOIN (SELECT id, row_number() OVER () - 1 AS i FROM tenants) t ON t.i = n % $2`, logs, tenants); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `ALTER TABLE usage_logs ENABLE TRIGGER usage_logs_billing_counters_insert`)
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := finance.RebuildCounters(ctx, pool); err != nil {
 		return err
 	}
 	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})

@@ -6,18 +6,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"slices"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/overage-billing/overage/bench/internal/benchkit"
 )
 
 func main() {
@@ -48,34 +46,19 @@ func main() {
 			localStatus := map[int]int{}
 			for i := 0; ctx.Err() == nil; i++ {
 				tenant := (c*7919+i)%*tenants + 1
-				body, path := fmt.Sprintf(`{"user_id":"u_%d","model_id":"gpt-4o","input_tokens":1200,"output_tokens":350}`, i), "/v1/usage-events"
+				body, path := benchkit.SingleBody(i), "/v1/usage-events"
 				if *batch > 0 {
 					path = "/v1/usage-events/batch"
-					var b strings.Builder
-					b.WriteString(`{"events":[`)
-					for j := range *batch {
-						if j > 0 {
-							b.WriteByte(',')
-						}
-						fmt.Fprintf(&b, `{"request_id":"r-%d-%d-%d-%d","user_id":"u_%d","model_id":"gpt-4o","input_tokens":1200,"output_tokens":350}`, start.UnixNano(), c, i, j, j)
-					}
-					b.WriteString(`]}`)
-					body = b.String()
+					body = benchkit.BatchBody(fmt.Sprintf("r-%d-%d-%d-", start.UnixNano(), c, i), *batch)
 				}
-				req, _ := http.NewRequest(http.MethodPost, *url+path, bytes.NewBufferString(body))
-				req.Header.Set("Authorization", fmt.Sprintf("Bearer ovg_bench%d", tenant))
-				req.Header.Set("Idempotency-Key", fmt.Sprintf("load-%d-%d-%d", start.UnixNano(), c, i))
-				req.Header.Set("Content-Type", "application/json")
 				t0 := time.Now()
-				res, err := hc.Do(req)
+				status, err := benchkit.Post(hc, *url+path, benchkit.BenchKey(tenant), fmt.Sprintf("load-%d-%d-%d", start.UnixNano(), c, i), body)
 				if err != nil {
 					localErr++
 					continue
 				}
-				_, _ = io.Copy(io.Discard, res.Body)
-				res.Body.Close()
-				localStatus[res.StatusCode]++
-				if res.StatusCode != http.StatusAccepted {
+				localStatus[status]++
+				if status != http.StatusAccepted {
 					localErr++
 					continue
 				}
@@ -92,19 +75,13 @@ func main() {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	slices.Sort(lat)
-	pct := func(p float64) float64 {
-		if len(lat) == 0 {
-			return 0
-		}
-		return float64(lat[int(float64(len(lat)-1)*p)].Microseconds()) / 1000
-	}
+	p50, p99 := benchkit.SortedPercentiles(lat)
 	perReq := max(1, *batch)
 	out := map[string]any{
 		"clients": *clients, "requests": len(lat), "events": len(lat) * perReq, "errors": errs, "statuses": statuses,
 		"events_per_s":   float64(len(lat)*perReq) / elapsed.Seconds(),
 		"requests_per_s": float64(len(lat)) / elapsed.Seconds(),
-		"p50_ms":         pct(0.50), "p99_ms": pct(0.99),
+		"p50_ms":         p50, "p99_ms": p99,
 	}
 	_ = json.NewEncoder(os.Stdout).Encode(out)
 	if errs > 0 {

@@ -74,7 +74,7 @@ func TestChaos(t *testing.T) {
 	}
 	t.Cleanup(emu.Close)
 
-	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0"}
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": chaosAdminToken}
 	type tenant struct {
 		ID     string `json:"id"`
 		APIKey string `json:"api_key"`
@@ -143,6 +143,40 @@ func TestChaos(t *testing.T) {
 		t.FailNow()
 	}
 
+	// Streamed responses: checkpoints racing (some sent twice, in any
+	// order), then for half of the streams a final count lower than the
+	// last checkpoint; the other half are abandoned mid-stream.
+	streams := max(events/20, 4)
+	var swg sync.WaitGroup
+	for sn := range streams {
+		tn := tenantList[sn%len(tenantList)]
+		rid := fmt.Sprintf("stream-%d", sn)
+		for seq := range 4 {
+			for range 1 + seq%2 {
+				swg.Add(1)
+				go func() {
+					defer swg.Done()
+					body := fmt.Sprintf(`{"request_id":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d,"stream":{"sequence":%d}}`,
+						rid, 300*(seq+1), 60*(seq+1), seq)
+					if status := postEvent(t, srv.Addr(), tn.APIKey, fmt.Sprintf("%s:%d", rid, seq), body); status != http.StatusAccepted && status != http.StatusOK {
+						t.Errorf("checkpoint %s:%d: status %d", rid, seq, status)
+					}
+				}()
+			}
+		}
+	}
+	swg.Wait()
+	for sn := 0; sn < streams; sn += 2 {
+		rid := fmt.Sprintf("stream-%d", sn)
+		body := fmt.Sprintf(`{"request_id":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":1000,"output_tokens":250,"stream":{"sequence":4,"final":true}}`, rid)
+		if status := postEvent(t, srv.Addr(), tenantList[sn%len(tenantList)].APIKey, rid+":4", body); status != http.StatusAccepted {
+			t.Errorf("final checkpoint of %s: status %d", rid, status)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
 	pool, err := pgxpool.New(context.Background(), dbURL)
 	if err != nil {
 		t.Fatal(err)
@@ -155,9 +189,26 @@ func TestChaos(t *testing.T) {
 		}
 		return n
 	}
-	if n := count("SELECT count(*) FROM usage_logs"); n != events {
+	if n := count("SELECT count(*) FROM usage_logs WHERE stream_request_id IS NULL"); n != events {
 		t.Fatalf("%d usage logs for %d events", n, events)
 	}
+	// Each stream's logs add up to its totals: every increase once.
+	if n := count(`SELECT count(*) FROM usage_streams s, LATERAL (SELECT sum(input_tokens) i, sum(output_tokens) o FROM usage_logs u
+			WHERE u.tenant_id = s.tenant_id AND u.stream_request_id = s.request_id) l
+		WHERE s.input_tokens <> l.i OR s.output_tokens <> l.o OR s.input_tokens <> CASE WHEN s.final THEN 1000 ELSE 1200 END`); n != 0 || count("SELECT count(*) FROM usage_streams") != streams {
+		t.Fatalf("%d of %d streams whose logs do not add up to their totals", n, streams)
+	}
+	// Corrections, over HTTP, of logs not yet sent: some lowered (some of
+	// those sent twice under their key, a client retry), some voided.
+	correctWave(t, srv.Addr(), pool, events, func(i, in, out int) (int, int, bool) {
+		switch i % 10 {
+		case 0:
+			return in / 2, out, i%20 == 0
+		case 5:
+			return 0, 0, false
+		}
+		return 0, 0, false
+	}, []int{0, 5})
 	billable := count("SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'")
 
 	workerEnv := append(os.Environ(),
@@ -232,6 +283,11 @@ func TestChaos(t *testing.T) {
 	_ = cmd.Wait()
 	t.Logf("killed the worker with %d of %d billable logs billed; its stderr:\n%s", count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'"), billable, tail(stderr.String(), 5))
 
+	// Corrections of logs that may already be billed, some raising a total.
+	correctWave(t, srv.Addr(), pool, events, func(i, in, out int) (int, int, bool) {
+		return in + 200, out / 3, i%6 == 3
+	}, []int{3})
+
 	cmd, stderr = startWorker("WORK_LISTEN_ADDR=127.0.0.1:0", "LOG_LEVEL=info")
 	healthAddr := loggedAddr(t, stderr, "work health and metrics")
 	deadline = time.Now().Add(4 * time.Minute)
@@ -302,7 +358,7 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("reconcile after the chaos run: %v\n%s", err, out)
 	}
 	var rec struct{ Matches, Differences, TooRecent int }
-	days := count(`SELECT coalesce(sum((i > 0)::int + (o > 0)::int), 0) FROM (SELECT sum(u.overage_input_tokens) i, sum(u.overage_output_tokens) o
+	days := count(`SELECT coalesce(sum((i <> 0)::int + (o <> 0)::int), 0) FROM (SELECT sum(u.overage_input_tokens) i, sum(u.overage_output_tokens) o
 		FROM usage_logs u WHERE u.billing_status = 'billed' AND (u.ts AT TIME ZONE 'UTC')::date < (now() AT TIME ZONE 'UTC')::date
 		GROUP BY u.tenant_id, (u.ts AT TIME ZONE 'UTC')::date) x`)
 	if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.Differences != 0 || rec.TooRecent != 0 || rec.Matches != days || days < len(tenantList) {
@@ -336,8 +392,8 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	tot := status.Totals
-	if tot.UsageLogs != events || tot.Billed != count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'") ||
-		tot.NotBillable != events-billable || tot.Pending != 0 || tot.BilledInputTokens != billedIn || tot.BilledOutputTokens != billedOut {
+	if tot.UsageLogs != count("SELECT count(*) FROM usage_logs") || tot.Billed != count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'") ||
+		tot.NotBillable != count("SELECT count(*) FROM usage_logs WHERE billing_status = 'not_billable'") || tot.Pending != 0 || tot.BilledInputTokens != billedIn || tot.BilledOutputTokens != billedOut {
 		t.Fatalf("overage status disagrees with the rows: %+v (billed tokens %d/%d)", tot, billedIn, billedOut)
 	}
 
@@ -348,7 +404,72 @@ func TestChaos(t *testing.T) {
 	if outcomes[emulator.OutcomeLostResponse] == 0 || outcomes[emulator.OutcomeFaultServerError] == 0 {
 		t.Fatalf("the faults did not happen: %v", outcomes)
 	}
+	if n := count("SELECT count(*) FROM usage_logs WHERE corrects IS NOT NULL"); n < events/10 {
+		t.Fatalf("%d corrections recorded, want at least %d", n, events/10)
+	}
 	t.Logf("%d events, %d billable, %d meter events applied; emulator outcomes %v", events, billable, len(emu.Events()), outcomes)
+}
+
+// chaosAdminToken is the chaos server's ADMIN_TOKEN: corrections are an
+// operator's, of any tenant's log.
+const chaosAdminToken = "chaos-admin-token"
+
+// correctWave posts, for every event i whose i%10 is in which, the
+// correction pick returns (corrected totals; twice: send it again under the
+// same key, as a client retrying a lost answer would), as the operator.
+func correctWave(t *testing.T, addr string, pool *pgxpool.Pool, events int, pick func(i, in, out int) (int, int, bool), which []int) {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT u.id::text, u.request_id, u.input_tokens + coalesce((SELECT sum(c.input_tokens) FROM usage_logs c WHERE c.corrects = u.id), 0),
+			u.output_tokens + coalesce((SELECT sum(c.output_tokens) FROM usage_logs c WHERE c.corrects = u.id), 0)
+		FROM usage_logs u WHERE u.corrects IS NULL AND u.request_id LIKE 'req-%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type target struct {
+		id      string
+		i       int
+		in, out int
+	}
+	var targets []target
+	for rows.Next() {
+		var tg target
+		var rid string
+		if err := rows.Scan(&tg.id, &rid, &tg.in, &tg.out); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fmt.Sscanf(rid, "req-%d", &tg.i); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range which {
+			if tg.i%10 == w && tg.i < events {
+				targets = append(targets, tg)
+			}
+		}
+	}
+	rows.Close()
+	for _, tg := range targets {
+		in, out, twice := pick(tg.i, tg.in, tg.out)
+		if in == tg.in && out == tg.out {
+			continue
+		}
+		body := fmt.Sprintf(`{"input_tokens":%d,"output_tokens":%d,"reason":"chaos"}`, in, out)
+		key := fmt.Sprintf("fix-%s-%d-%d", tg.id, in, out)
+		for range 1 + map[bool]int{true: 1}[twice] {
+			req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/usage-events/"+tg.id+"/corrections", strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+chaosAdminToken)
+			req.Header.Set("Idempotency-Key", key)
+			req.Header.Set("Content-Type", "application/json")
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("correction: %v", err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode != http.StatusAccepted {
+				t.Fatalf("correction of event %d: %d %s", tg.i, res.StatusCode, b)
+			}
+		}
+	}
 }
 
 func postEvent(t *testing.T, addr, apiKey, key, body string) int {

@@ -34,6 +34,8 @@ import (
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
+
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/usagelog"
 )
 
@@ -394,21 +396,8 @@ func (d *demo) send(ctx context.Context, url string) error {
 }
 
 // counts returns the demo tenants' logs by billing status.
-func (d *demo) counts(ctx context.Context) (map[string]int, error) {
-	rows, err := d.pool.Query(ctx, `SELECT billing_status, count(*) FROM usage_logs WHERE tenant_id = ANY($1::uuid[]) GROUP BY 1`, d.tenantIDs)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]int{}
-	for rows.Next() {
-		var s string
-		var n int
-		if err := rows.Scan(&s, &n); err != nil {
-			return nil, err
-		}
-		out[s] = n
-	}
-	return out, rows.Err()
+func (d *demo) counts(ctx context.Context) (map[overage.BillingStatus]int64, error) {
+	return usagelog.CountByStatus(ctx, d.pool, d.tenantIDs)
 }
 
 // progress redraws one status line in place on a terminal, and prints a
@@ -427,7 +416,7 @@ func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
 			return fmt.Sprintf("sent %d  accepted %d  (cannot count the logs: %v)", d.sent.Load(), d.accepted.Load(), err)
 		}
 		return fmt.Sprintf("sent %d  accepted %d  billed %d  not billable %d  pending %d",
-			d.sent.Load(), d.accepted.Load(), c["billed"], c["not_billable"], c["pending"])
+			d.sent.Load(), d.accepted.Load(), c[usagelog.StatusBilled], c[usagelog.StatusNotBillable], c[usagelog.StatusPending])
 	}
 	go func() {
 		defer close(done)
@@ -457,7 +446,7 @@ func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
 func (d *demo) waitBilled(ctx context.Context) error {
 	return poll.Wait(ctx, "every demo usage log to leave pending", 3*time.Minute, 100*time.Millisecond, func() (bool, error) {
 		c, err := d.counts(ctx)
-		return err == nil && c["pending"] == 0, err
+		return err == nil && c[usagelog.StatusPending] == 0, err
 	})
 }
 
@@ -475,7 +464,7 @@ func (d *demo) report(ctx context.Context) error {
 		}
 	}
 	fmt.Fprintf(d.out, "\n%d events: %d sends, %d answers lost after the server committed (each retried with its key), %d resends replayed, %d duplicate request_ids: %d usage logs\n",
-		d.accepted.Load(), d.sent.Load(), lost, d.replays.Load(), d.duplicates.Load(), c["billed"]+c["not_billable"]+c["pending"]+c["failed"]+c["needs_review"])
+		d.accepted.Load(), d.sent.Load(), lost, d.replays.Load(), d.duplicates.Load(), c[usagelog.StatusBilled]+c[usagelog.StatusNotBillable]+c[usagelog.StatusPending]+c[usagelog.StatusFailed]+c[usagelog.StatusNeedsReview])
 
 	rows, err := d.pool.Query(ctx, `SELECT t.stripe_customer_id, count(*),
 			count(*) FILTER (WHERE u.billing_status = $2), count(*) FILTER (WHERE u.billing_status = $3),

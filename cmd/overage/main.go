@@ -34,6 +34,7 @@ Usage:
   overage status [--tenant ID]    billed status per tenant and in total (--json for the API's object)
   overage reconcile ...           compare what the database billed with what Stripe holds
   overage review list|resolve     logs that must not be resent automatically, and an operator's decision
+  overage correct ID ...          record a correction of a usage log (the corrected totals and why)
   overage version                 the module version and commit this binary was built from
 
 Configuration comes from the environment (see README.md); flags override it.
@@ -183,6 +184,8 @@ func dispatch(ctx context.Context, args []string, e env) error {
 		return cmdReview(ctx, e, args[1:])
 	case "status":
 		return cmdStatus(ctx, e, args[1:])
+	case "correct":
+		return cmdCorrect(ctx, e, args[1:])
 	default:
 		fmt.Fprint(stderr, usage)
 		return &usageError{err: fmt.Errorf("unknown command %q", args[0])}

@@ -57,12 +57,13 @@ func TestTenantCreatePrintsKeyOnceAndStoresOnlyItsHash(t *testing.T) {
 func TestConfigErrorsNameTheVariable(t *testing.T) {
 	t.Parallel()
 	_, err := app.LoadConfig(func(k string) string {
-		return map[string]string{"SWEEP_INTERVAL": "ten minutes", "REPORT_MAX_ATTEMPTS": "-1", "STRIPE_API_BASE": "localhost"}[k]
+		return map[string]string{"SWEEP_INTERVAL": "ten minutes", "REPORT_MAX_ATTEMPTS": "-1", "STRIPE_API_BASE": "localhost",
+			"STREAM_IDLE_TIMEOUT": "an hour"}[k]
 	})
 	if err == nil {
 		t.Fatal("malformed configuration accepted")
 	}
-	for _, name := range []string{"SWEEP_INTERVAL", "REPORT_MAX_ATTEMPTS", "STRIPE_API_BASE"} {
+	for _, name := range []string{"SWEEP_INTERVAL", "REPORT_MAX_ATTEMPTS", "STRIPE_API_BASE", "STREAM_IDLE_TIMEOUT"} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error %q does not name %s", err, name)
 		}

@@ -51,6 +51,29 @@ const (
 func Exercise(t *testing.T, baseURL, secretKey string) {
 	t.Helper()
 
+	// A correction that gives overage back is a meter event with a
+	// negative value: both backends must take it as sent.
+	t.Run("NegativeValueOfACorrection", func(t *testing.T) {
+		t.Parallel()
+		wire := &wireRecorder{}
+		client := newClient(t, baseURL, secretKey, wire)
+		ev := stripeclient.MeterEvent{
+			EventName:  InputEventName,
+			CustomerID: "cus_" + randomHex(t, 7),
+			Value:      -250,
+			Timestamp:  time.Now().Add(-time.Minute),
+			Key:        "usage-log:" + randomHex(t, 16) + ":input",
+		}
+		if _, err := client.SendMeterEvent(context.Background(), ev); err != nil {
+			t.Fatalf("SendMeterEvent with value %d: %v", ev.Value, err)
+		}
+		reqs := wire.all()
+		if len(reqs) != 1 || reqs[0].status != http.StatusOK {
+			t.Fatalf("want one request answered 200, got %d", len(reqs))
+		}
+		checkWorkerRequest(t, reqs[0], ev)
+	})
+
 	t.Run("MeterEventAsTheWorkerSendsIt", func(t *testing.T) {
 		t.Parallel()
 		for _, eventName := range []string{InputEventName, OutputEventName} {

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/outbox"
+)
+
+const correctSynopsis = "overage correct ID --input-tokens N --output-tokens M --reason TEXT [--key KEY]"
+
+// cmdCorrect records a correction of a usage log as an operator: the same
+// transaction as POST /v1/usage-events/{id}/corrections with ADMIN_TOKEN.
+// The default Idempotency-Key names the correction (log and corrected
+// totals), so running the same command again after a lost answer replays
+// it instead of correcting twice.
+func cmdCorrect(ctx context.Context, e env, args []string) error {
+	if len(args) == 0 || len(args[0]) == 0 || args[0][0] == '-' {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			fmt.Fprintf(e.stdout, "Usage: %s\n", correctSynopsis)
+			return nil
+		}
+		return &usageError{err: errors.New("missing the usage log id"), command: "correct", synopsis: correctSynopsis}
+	}
+	id, err := uuid.Parse(args[0])
+	if err != nil {
+		return &usageError{err: fmt.Errorf("%q is not a usage log id", args[0]), command: "correct", synopsis: correctSynopsis}
+	}
+	fs := newFlags(e, "correct", correctSynopsis)
+	in := fs.Int64("input-tokens", -1, "the corrected input token total of the usage event (required)")
+	out := fs.Int64("output-tokens", -1, "the corrected output token total of the usage event (required)")
+	reason := fs.String("reason", "", "why (required)")
+	key := fs.String("key", "", "Idempotency-Key (default: derived from the id and the corrected totals)")
+	cfg, err := loadConfig(e, fs, args[1:], "DATABASE_URL", "REPORT_MAX_ATTEMPTS")
+	if err != nil {
+		return err
+	}
+	if *in < 0 || *out < 0 || *reason == "" {
+		return &usageError{err: errors.New("--input-tokens, --output-tokens (at least 0) and --reason are required"), command: "correct", synopsis: correctSynopsis}
+	}
+	if *key == "" {
+		*key = fmt.Sprintf("correct:%s:%d:%d", id, *in, *out)
+	}
+	fp, err := ingest.CorrectionFingerprint(id, *in, *out, *reason)
+	if err != nil {
+		return err
+	}
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	if err != nil {
+		return fmt.Errorf("river client: %w", err)
+	}
+	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay))
+	res, err := svc.Correct(ctx, ingest.CorrectParams{UsageLogID: id, Key: *key, Fingerprint: fp, InputTokens: *in, OutputTokens: *out, Reason: *reason})
+	if err != nil {
+		return fmt.Errorf("correct: %w", err)
+	}
+	fmt.Fprintf(e.stdout, "%s\n", res.Body)
+	return nil
+}

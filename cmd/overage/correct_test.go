@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/tenants"
+)
+
+// An operator's correction is recorded once: the same command again (its
+// answer lost, say) replays it under the key derived from the correction.
+func TestCorrectRecordsOnceAndReplays(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := pgtest.NewPool(t)
+	env := map[string]string{"DATABASE_URL": dbURL}
+	tn, err := tenants.NewStore(pool).Create(context.Background(), tenants.CreateParams{Name: "acme", StripeCustomerID: "cus_correct"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	if err := pool.QueryRow(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
+			period_start, overage_input_tokens, overage_output_tokens, billing_status)
+		VALUES (gen_random_uuid(), $1, now() - interval '1 minute', 'u', 'm', 100, 40, date_trunc('month', now(), 'UTC'), 100, 40, 'billed')
+		RETURNING id::text`, tn.ID).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(context.Background(), `INSERT INTO allowance_usage (tenant_id, period_start, input_tokens, output_tokens)
+		VALUES ($1, date_trunc('month', now(), 'UTC'), 100, 40)`, tn.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCmd(t, env, "correct", id, "--input-tokens", "60", "--output-tokens", "40"); err == nil || !strings.Contains(err.Error(), "--reason") {
+		t.Fatalf("correct without a reason: %v", err)
+	}
+	args := []string{"correct", id, "--input-tokens", "60", "--output-tokens", "40", "--reason", "provider recount"}
+	first, _, err := runCmd(t, env, args...)
+	if err != nil {
+		t.Fatalf("correct: %v\n%s", err, first)
+	}
+	again, _, err := runCmd(t, env, args...)
+	if err != nil || again != first {
+		t.Fatalf("correct again: %v\n%s\nwant\n%s", err, again, first)
+	}
+	var c struct {
+		Kind     string `json:"kind"`
+		Corrects string `json:"corrects"`
+		Input    int64  `json:"input_tokens"`
+		Overage  struct {
+			Input int64 `json:"input_tokens"`
+		} `json:"overage"`
+		BillingStatus string `json:"billing_status"`
+	}
+	if err := json.Unmarshal([]byte(first), &c); err != nil {
+		t.Fatalf("%v: %s", err, first)
+	}
+	if c.Kind != "correction" || c.Corrects != id || c.Input != -40 || c.Overage.Input != -40 || c.BillingStatus != "pending" {
+		t.Fatalf("correction %s", first)
+	}
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM usage_logs WHERE corrects = $1`, id).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d corrections (%v), want 1", n, err)
+	}
+}

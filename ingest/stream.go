@@ -1,0 +1,356 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/httpx"
+)
+
+// Streaming responses. A streamed LLM answer is reported as checkpoints:
+// events with a request_id and "stream": {"sequence", "final"} whose
+// tokens are the cumulative totals so far. Each checkpoint is its own
+// request under its own Idempotency-Key.
+//
+// One transaction per checkpoint: the key's claim (as for any event), then
+// the stream's row in usage_streams locked FOR UPDATE — the referee of two
+// checkpoints of one stream racing: the second waits for the first's
+// commit and then sees its sequence and totals, so an increase is counted
+// once whatever the interleaving. A checkpoint newer than the row's
+// sequence records the increase of each total as a usage log (billed like
+// any other, its overage computed under the period's lock as corrections
+// are); an older or equal one is stale and records nothing. Only the final
+// checkpoint may lower a total: the decrease becomes a correction of the
+// stream's first log. After the final checkpoint, or once the workers closed
+// an idle stream, a newer checkpoint is refused (409 stream-closed).
+
+// Checkpoint is the "stream" member of a checkpoint event.
+type Checkpoint struct {
+	Sequence int64
+	Final    bool
+}
+
+// maxSequence keeps sequences far from overflow and inside JSON's exact
+// integers.
+const maxSequence = 1 << 52
+
+// parseStream validates the "stream" member, reporting through bad.
+func parseStream(v json.RawMessage, bad func(field, format string, args ...any)) *Checkpoint {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(v, &raw); err != nil || raw == nil {
+		bad("stream", `must be an object {"sequence": <integer >= 0>, "final": <boolean>}`)
+		return nil
+	}
+	cp := &Checkpoint{}
+	ok := true
+	for k := range raw {
+		if k != "sequence" && k != "final" {
+			bad("stream."+k, "unknown field")
+			ok = false
+		}
+	}
+	seq, has := raw["sequence"]
+	if n, err := strconv.ParseInt(string(seq), 10, 64); !has || err != nil || n < 0 || n > maxSequence {
+		bad("stream.sequence", "is required: an integer from 0 to %d", int64(maxSequence))
+		ok = false
+	} else {
+		cp.Sequence = n
+	}
+	if f, has := raw["final"]; has {
+		if err := json.Unmarshal(f, &cp.Final); err != nil || string(f) == "null" {
+			bad("stream.final", "must be true or false")
+			ok = false
+		}
+	}
+	if !ok {
+		return nil
+	}
+	return cp
+}
+
+// StreamTotals is where a stream stands: its highest recorded sequence and
+// the totals that checkpoint carried.
+type StreamTotals struct {
+	Sequence     int64 `json:"sequence"`
+	Final        bool  `json:"final"`
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	// Closed: by the final checkpoint, or by the workers after
+	// STREAM_IDLE_TIMEOUT without a checkpoint.
+	Closed bool `json:"closed"`
+}
+
+// checkpointResponse is the JSON of a checkpoint's answer: the usage log it
+// recorded (none when stale or when no total rose), the stream's totals,
+// and the correction a final checkpoint recorded besides an increase.
+type checkpointResponse struct {
+	*overage.UsageLog
+	Duplicate  *bool             `json:"duplicate,omitempty"`
+	Stale      bool              `json:"stale"`
+	Stream     StreamTotals      `json:"stream"`
+	Correction *overage.UsageLog `json:"correction,omitempty"`
+}
+
+// Checkpoint records a checkpoint of a streaming response (p.Event.Stream
+// set, p.Event.RequestID set) under its idempotency key.
+func (s *Service) Checkpoint(ctx context.Context, p RecordParams) (*Outcome, error) {
+	const attempts = 3
+	var err error
+	for range attempts {
+		var out *Outcome
+		out, err = s.checkpointOnce(ctx, p)
+		if err == nil {
+			return out, nil
+		}
+		// A unique violation: a plain event took the request_id first, or
+		// another stream's first checkpoint did; the next pass sees it.
+		if !isRetryable(err) {
+			break
+		}
+	}
+	return nil, dbError(err)
+}
+
+type streamRow struct {
+	totals   StreamTotals
+	firstLog *uuid.UUID
+}
+
+const streamSQL = `SELECT sequence, final, input_tokens, output_tokens, closed_at IS NOT NULL, first_usage_log_id
+	FROM usage_streams WHERE tenant_id = $1 AND request_id = $2`
+
+func scanStream(row pgx.Row) (*streamRow, error) {
+	r := &streamRow{}
+	err := row.Scan(&r.totals.Sequence, &r.totals.Final, &r.totals.InputTokens, &r.totals.OutputTokens, &r.totals.Closed, &r.firstLog)
+	return r, err
+}
+
+func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome, error) {
+	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
+	defer cancel()
+	slot := s.slots.take()
+	defer s.slots.give(slot)
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin checkpoint: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	k, err := claimKey(ctx, tx, p.TenantID, p.Key, p.Fingerprint, slot)
+	if err != nil {
+		return nil, err
+	}
+	if k.replay != nil {
+		return k.replay, nil
+	}
+	ev, cp, rid := p.Event, p.Event.Stream, *p.Event.RequestID
+
+	// A plain event recorded this request_id: the checkpoint is its
+	// duplicate, as a plain event would be.
+	l, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs
+		WHERE tenant_id = $1 AND request_id = $2 AND stream_request_id IS NULL`, p.TenantID, rid))
+	if err == nil {
+		out, err := renderSingle([]result{{log: l, duplicate: true}})
+		if err != nil {
+			return nil, err
+		}
+		return commitAnswer(ctx, tx, k, out)
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("read usage log by request_id: %w", err)
+	}
+	st, err := scanStream(tx.QueryRow(ctx, streamSQL+` FOR UPDATE`, p.TenantID, rid))
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Two first checkpoints: the second's insert waits for the first's
+		// commit and does nothing; its read then sees the first's row.
+		if _, err := tx.Exec(ctx, `INSERT INTO usage_streams (tenant_id, request_id, sequence, input_tokens, output_tokens, last_checkpoint_at)
+			VALUES ($1, $2, -1, 0, 0, now()) ON CONFLICT DO NOTHING`, p.TenantID, rid); err != nil {
+			return nil, fmt.Errorf("start stream: %w", err)
+		}
+		st, err = scanStream(tx.QueryRow(ctx, streamSQL+` FOR UPDATE`, p.TenantID, rid))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock stream: %w", err)
+	}
+
+	resp := checkpointResponse{Stream: st.totals}
+	if cp.Sequence <= st.totals.Sequence {
+		resp.Stale = true
+		return s.answerCheckpoint(ctx, tx, k, http.StatusOK, resp)
+	}
+	if st.totals.Closed {
+		return nil, overage.Errorf(overage.ECONFLICT, "stream-closed",
+			"the stream %q is closed (final checkpoint %d, or idle past STREAM_IDLE_TIMEOUT): a newer checkpoint is not recorded", rid, st.totals.Sequence)
+	}
+	if !cp.Final {
+		var fields []overage.FieldError
+		if ev.InputTokens < st.totals.InputTokens {
+			fields = append(fields, overage.FieldError{Field: fieldInputTokens,
+				Detail: fmt.Sprintf("is below the stream's total %d: only the final checkpoint may lower a total", st.totals.InputTokens)})
+		}
+		if ev.OutputTokens < st.totals.OutputTokens {
+			fields = append(fields, overage.FieldError{Field: "output_tokens",
+				Detail: fmt.Sprintf("is below the stream's total %d: only the final checkpoint may lower a total", st.totals.OutputTokens)})
+		}
+		if len(fields) > 0 {
+			return nil, overage.Invalid(fields, "the checkpoint is invalid: %s", describe(fields))
+		}
+	}
+
+	up := overage.Overage{InputTokens: max(0, ev.InputTokens-st.totals.InputTokens), OutputTokens: max(0, ev.OutputTokens-st.totals.OutputTokens)}
+	down := overage.Overage{InputTokens: min(0, ev.InputTokens-st.totals.InputTokens), OutputTokens: min(0, ev.OutputTokens-st.totals.OutputTokens)}
+	var logs []*deltaLog
+	first := st.firstLog
+	if up.InputTokens != 0 || up.OutputTokens != 0 {
+		var period time.Time
+		if err := tx.QueryRow(ctx, `SELECT `+periodOfSQL("$2::timestamptz"), p.TenantID, ev.Timestamp).Scan(&period); err != nil {
+			return nil, fmt.Errorf("read allowance period: %w", err)
+		}
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, fmt.Errorf("usage log id: %w", err)
+		}
+		l := &overage.UsageLog{ID: id, TenantID: p.TenantID, Timestamp: ev.Timestamp, UserID: ev.UserID, ModelID: ev.ModelID,
+			InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage}
+		if first == nil {
+			// The stream's first log carries its request_id: a plain event
+			// with it is then a duplicate.
+			l.RequestID, first = &rid, &id
+		}
+		logs = append(logs, &deltaLog{log: l, period: period.UTC(), streamRID: &rid})
+	}
+	if down.InputTokens != 0 || down.OutputTokens != 0 {
+		// Totals above zero were recorded, so the first log exists.
+		orig, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1 FOR UPDATE`, *st.firstLog))
+		if err != nil {
+			return nil, fmt.Errorf("lock the stream's first usage log: %w", err)
+		}
+		c, _, err := correctionOf(ctx, tx, orig, down, fmt.Sprintf("final checkpoint %d of stream %s lowered its totals", cp.Sequence, rid))
+		if err != nil {
+			return nil, err
+		}
+		c.streamRID = &rid
+		logs = append(logs, c)
+	}
+	for _, d := range logs {
+		if err := d.compute(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeDeltaLogs(ctx, tx, s.outbox, p.TenantID, logs); err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE usage_streams SET sequence = $3, input_tokens = $4, output_tokens = $5, final = $6,
+			closed_at = CASE WHEN $6 THEN now() END, closed_by = CASE WHEN $6 THEN 'final' END,
+			last_checkpoint_at = now(), first_usage_log_id = $7
+		WHERE tenant_id = $1 AND request_id = $2`,
+		p.TenantID, rid, cp.Sequence, ev.InputTokens, ev.OutputTokens, cp.Final, first); err != nil {
+		return nil, fmt.Errorf("advance stream: %w", err)
+	}
+	resp.Stream = StreamTotals{Sequence: cp.Sequence, Final: cp.Final, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens, Closed: cp.Final}
+	status := http.StatusOK
+	if len(logs) > 0 {
+		status = http.StatusAccepted
+		f := false
+		resp.UsageLog, resp.Duplicate = logs[0].log, &f
+		if len(logs) > 1 {
+			resp.Correction = logs[1].log
+		}
+	}
+	return s.answerCheckpoint(ctx, tx, k, status, resp)
+}
+
+func (s *Service) answerCheckpoint(ctx context.Context, tx pgx.Tx, k *keyClaim, status int, resp checkpointResponse) (*Outcome, error) {
+	body, err := json.Marshal(resp)
+	if err != nil {
+		return nil, fmt.Errorf("render checkpoint: %w", err)
+	}
+	out := &Outcome{Status: status, Body: body, Kind: OutcomeNew}
+	if resp.UsageLog != nil {
+		out.UsageLogID = resp.UsageLog.ID
+	} else {
+		out.Kind = OutcomeDuplicate
+	}
+	return commitAnswer(ctx, tx, k, out)
+}
+
+// commitAnswer stores the answer under the key and commits.
+func commitAnswer(ctx context.Context, tx pgx.Tx, k *keyClaim, out *Outcome) (*Outcome, error) {
+	if err := k.store(ctx, tx, out); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return out, nil
+}
+
+// RequestUsage is the answer to GET /v1/usage-events?request_id=: the logs
+// recorded under a request_id (a stream's increases and corrections, or
+// the one log of a plain event) and, for a stream, its totals.
+type RequestUsage struct {
+	RequestID   string             `json:"request_id"`
+	UsageEvents []overage.UsageLog `json:"usage_events"`
+	Stream      *StreamTotals      `json:"stream"`
+}
+
+// ByRequestID lists what the tenant recorded under a request_id.
+func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid string) (*RequestUsage, error) {
+	out := &RequestUsage{RequestID: rid, UsageEvents: []overage.UsageLog{}}
+	st, err := scanStream(s.pool.QueryRow(ctx, streamSQL, tenantID, rid))
+	switch {
+	case err == nil:
+		out.Stream = &st.totals
+	case !errors.Is(err, pgx.ErrNoRows):
+		return nil, dbError(fmt.Errorf("read stream: %w", err))
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+logColumns+` FROM usage_logs
+		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) ORDER BY id`, tenantID, rid)
+	if err != nil {
+		return nil, dbError(fmt.Errorf("read usage logs by request_id: %w", err))
+	}
+	logs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (overage.UsageLog, error) {
+		l, err := scanLog(row)
+		if err != nil {
+			return overage.UsageLog{}, err
+		}
+		return *l, nil
+	})
+	if err != nil {
+		return nil, dbError(fmt.Errorf("read usage logs by request_id: %w", err))
+	}
+	out.UsageEvents = logs
+	if len(logs) == 0 && out.Stream == nil {
+		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "nothing was recorded under request_id %q", rid)
+	}
+	return out, nil
+}
+
+// listByRequestID serves GET /v1/usage-events?request_id=: the tenant's
+// logs under a request_id and, for a stream, its totals.
+func (h *Handler) listByRequestID(w http.ResponseWriter, r *http.Request) {
+	tenantID, err := h.tenant(r)
+	if err != nil {
+		httpx.Error(w, r, h.logger, err)
+		return
+	}
+	rid := r.URL.Query().Get("request_id")
+	if rid == "" || len(rid) > maxTextLen {
+		httpx.Error(w, r, h.logger, malformed("request_id", fmt.Sprintf("the query parameter request_id is required: 1 to %d characters", maxTextLen)))
+		return
+	}
+	out, err := h.svc.ByRequestID(r.Context(), tenantID, rid)
+	if err != nil {
+		httpx.Error(w, r, h.logger, err)
+		return
+	}
+	httpx.JSON(w, http.StatusOK, out)
+}

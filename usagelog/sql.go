@@ -1,0 +1,85 @@
+package usagelog
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+)
+
+// Is is the SQL condition "column holds status st", for the read queries of
+// other packages (finance's counters, reconciliation, the demo): the status
+// names are spelled here, from the typed constants, and nowhere else.
+func Is(column string, st overage.BillingStatus) string {
+	return column + " = " + literal(st)
+}
+
+// NotIn is the SQL condition "column holds none of sts".
+func NotIn(column string, sts ...overage.BillingStatus) string {
+	lits := make([]string, len(sts))
+	for i, st := range sts {
+		lits[i] = literal(st)
+	}
+	return column + " NOT IN (" + strings.Join(lits, ", ") + ")"
+}
+
+func literal(st overage.BillingStatus) string {
+	for _, known := range Statuses {
+		if st == known {
+			return "'" + string(st) + "'"
+		}
+	}
+	panic(fmt.Sprintf("usagelog: %q is not a billing status", st))
+}
+
+// Backlog is what is left to bill, by the database clock.
+type Backlog struct {
+	Pending, NeedsReview, Failed int64
+	// OldestPending is the creation time of the oldest pending log, or nil.
+	OldestPending *time.Time
+	Now           time.Time
+}
+
+// ReadBacklog reads the backlog from the finance counters (a few rows per
+// tenant) and the partial index on pending logs, so it stays cheap at
+// millions of logs.
+func ReadBacklog(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (Backlog, error) {
+	var b Backlog
+	err := db.QueryRow(ctx, `SELECT
+			coalesce(sum(usage_logs) FILTER (WHERE `+Is("billing_status", StatusPending)+`), 0)::bigint,
+			coalesce(sum(usage_logs) FILTER (WHERE `+Is("billing_status", StatusNeedsReview)+`), 0)::bigint,
+			coalesce(sum(usage_logs) FILTER (WHERE `+Is("billing_status", StatusFailed)+`), 0)::bigint,
+			(SELECT min(created_at) FROM usage_logs WHERE `+Is("billing_status", StatusPending)+`),
+			now()
+		FROM billing_counters`).Scan(&b.Pending, &b.NeedsReview, &b.Failed, &b.OldestPending, &b.Now)
+	if err != nil {
+		return b, fmt.Errorf("read billing backlog: %w", err)
+	}
+	return b, nil
+}
+
+// CountByStatus counts the usage logs of tenants (ids as []uuid.UUID or
+// []string) by billing status: the demo's progress. It reads the logs, not
+// the counters.
+func CountByStatus(ctx context.Context, db DB, tenantIDs any) (map[overage.BillingStatus]int64, error) {
+	rows, err := db.Query(ctx, `SELECT billing_status, count(*) FROM usage_logs WHERE tenant_id = ANY($1::uuid[]) GROUP BY 1`, tenantIDs)
+	if err != nil {
+		return nil, fmt.Errorf("count usage logs by status: %w", err)
+	}
+	out := map[overage.BillingStatus]int64{}
+	for rows.Next() {
+		var s overage.BillingStatus
+		var n int64
+		if err := rows.Scan(&s, &n); err != nil {
+			return nil, fmt.Errorf("count usage logs by status: %w", err)
+		}
+		out[s] = n
+	}
+	return out, rows.Err()
+}
