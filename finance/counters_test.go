@@ -587,3 +587,67 @@ func counterRows(t testing.TB, db *pgxpool.Pool) string {
 	}
 	return s
 }
+
+// Migration 0020 swaps the per-row update and delete triggers for
+// per-statement ones on a live table: while its transaction is open,
+// writers wait and readers do not, and afterwards the counters follow
+// multi-row writes exactly.
+func TestMigrationToStatementTriggersBlocksWritesNotReads(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	alice := e.Tenant(t, "alice", 0, 0)
+	ids := []uuid.UUID{record(t, e.Server, alice, 1, 2), record(t, e.Server, alice, 3, 4)}
+	// Back to the triggers before 0020: per row, on the same names.
+	exec(t, e.Pool, `DROP FUNCTION billing_counters_update_rows, billing_counters_delete_rows CASCADE`)
+	exec(t, e.Pool, `CREATE FUNCTION billing_counters_track() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`)
+	exec(t, e.Pool, `CREATE TRIGGER usage_logs_billing_counters_update AFTER UPDATE OF billing_status ON usage_logs
+		FOR EACH ROW EXECUTE FUNCTION billing_counters_track()`)
+	exec(t, e.Pool, `CREATE TRIGGER usage_logs_billing_counters_delete AFTER DELETE ON usage_logs
+		FOR EACH ROW EXECUTE FUNCTION billing_counters_track()`)
+
+	var sql string
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version == 20 {
+			sql = m.SQL
+		}
+	}
+	tx, err := e.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		t.Fatalf("migration 0020: %v", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	var n int
+	err = e.Pool.QueryRow(rctx, `SELECT count(*) FROM usage_logs`).Scan(&n)
+	cancel()
+	if err != nil || n != 2 {
+		t.Fatalf("a reader of usage_logs during the migration: %d logs, %v", n, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = tryRecord(wctx, e.Server, alice, 1, 1)
+	cancel()
+	if err == nil {
+		t.Fatal("a usage log was written while the migration swapped the triggers")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var perRow int
+	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'usage_logs'::regclass
+		AND tgname LIKE 'usage_logs_billing_counters_%' AND (tgtype & 1 = 1 OR (tgname <> 'usage_logs_billing_counters_truncate' AND tgoldtable IS NULL AND tgnewtable IS NULL))`).Scan(&perRow); err != nil || perRow != 0 {
+		t.Fatalf("%d counter triggers still per row or without transition tables (%v)", perRow, err)
+	}
+	park(t, e.Pool, ids...)
+	exec(t, e.Pool, `DELETE FROM usage_logs WHERE id = $1`, ids[0])
+	if r := requireExact(t, e.Pool); r.Totals.NeedsReview != 1 || r.Totals.UsageLogs != 1 {
+		t.Fatalf("after the migration: %s", mustJSON(t, r.Totals))
+	}
+}

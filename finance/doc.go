@@ -13,9 +13,10 @@
 // What it promises:
 //
 //   - Exact numbers. The counters change in the same transaction as the
-//     usage log, through row-level triggers that fire on every path that
-//     writes a log (ingest, report worker, sweep, an operator's SQL, DELETE,
-//     TRUNCATE, COPY), so a Report equals a GROUP BY over usage_logs at the
+//     usage log, through triggers that fire on every statement that
+//     writes logs (ingest, report worker, sweep, an operator's SQL, DELETE,
+//     TRUNCATE, COPY) and add up the statement's rows (transition tables,
+//     migration 0020), so a Report equals a GROUP BY over usage_logs at the
 //     snapshot it was read in. One Report is read in one statement, hence
 //     one snapshot: its totals are the sums of its tenants.
 //   - Fast at any size. A Report reads the counter rows (at most five per
@@ -23,10 +24,11 @@
 //     pending logs; it never scans usage_logs. bench/status measures it on
 //     10 million logs.
 //   - No deadlock from the counters on today's paths: the triggers upsert
-//     deltas and touch at most two counter rows per log, in (tenant,
-//     status) order. The migration explains the one pattern that could
-//     still deadlock (two multi-tenant bulk status updates in opposite
-//     orders), which PostgreSQL detects and aborts.
+//     deltas, once per counter row and statement, all of one slot and in
+//     (tenant, status) order; migrations 0007 and 0020 give the lock order
+//     per path. Counter work grows with the rows a statement changes, not
+//     with their square (it did with per-row triggers: one 10,000-log
+//     report cost seconds).
 //   - The finance API fails closed: without ADMIN_TOKEN configured it
 //     refuses everyone (401); the token is compared in constant time; an
 //     unreachable database is a 503 with Retry-After.
