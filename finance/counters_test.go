@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/finance"
@@ -336,9 +337,10 @@ func TestMigrationBackfillsExistingLogsAndBlocksWritesMeanwhile(t *testing.T) {
 	ctx := context.Background()
 	alice := e.Tenant(t, "alice", 0, 0)
 	bob := e.Tenant(t, "bob", 0, 0)
-	// Back to the schema before 0002: no counters, no triggers (0007's
-	// per-statement insert trigger included).
-	exec(t, e.Pool, `DROP FUNCTION billing_counters_track, billing_counters_truncate, billing_counters_insert_rows CASCADE`)
+	// Back to the schema before 0002: no counters, no triggers (the
+	// per-statement ones of 0007 and 0020 included).
+	exec(t, e.Pool, `DROP FUNCTION billing_counters_truncate, billing_counters_insert_rows,
+		billing_counters_update_rows, billing_counters_delete_rows CASCADE`)
 	exec(t, e.Pool, `DROP TABLE billing_counters`)
 	a := record(t, e.Server, alice, 10, 10)
 	record(t, e.Server, alice, 20, 0)
@@ -452,5 +454,202 @@ func TestNeedsReviewListsParkedLogs(t *testing.T) {
 	var sb strings.Builder
 	if err := review.WriteTable(&sb, logs); err != nil || !strings.Contains(sb.String(), b1.String()) {
 		t.Fatalf("WriteTable = %q, %v", sb.String(), err)
+	}
+}
+
+// The counter triggers run once per statement over its transition tables
+// (migration 0020): a statement that writes many logs of several tenants
+// and statuses must move each counter by exactly its rows, no row missed
+// and none counted twice, on every kind of write.
+func TestMultiRowStatementsKeepCountersExact(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	alice := e.Tenant(t, "alice", 0, 0)
+	bob := e.Tenant(t, "bob", 0, 0)
+	carol := e.Tenant(t, "carol", 0, 0)
+	for range 3 {
+		record(t, e.Server, alice, 1, 1)
+		record(t, e.Server, bob, 2, 0)
+	}
+	requireExact(t, e.Pool)
+
+	// One multi-row INSERT of logs of three tenants in two statuses; the
+	// insert copies existing logs under new ids and request ids.
+	const copyLogs = `INSERT INTO usage_logs
+		SELECT (jsonb_populate_record(u, jsonb_build_object('id', gen_random_uuid(), 'request_id', gen_random_uuid()::text))).*
+		FROM usage_logs u`
+	if n := exec(t, e.Pool, copyLogs); n != 6 {
+		t.Fatalf("copied %d logs, want 6", n)
+	}
+	exec(t, e.Pool, `UPDATE usage_logs SET tenant_id = $1 WHERE id IN (SELECT id FROM usage_logs WHERE tenant_id = $2 LIMIT 2)`, carol.ID, bob.ID)
+	requireExact(t, e.Pool)
+
+	// COPY goes through the same insert trigger.
+	rows, err := e.Pool.Query(ctx, `SELECT * FROM usage_logs`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols := rows.FieldDescriptions()
+	var names []string
+	for _, c := range cols {
+		names = append(names, c.Name)
+	}
+	var data [][]any
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, n := range names {
+			switch n {
+			case "id":
+				v[i] = uuid.New()
+			case "request_id":
+				v[i] = uuid.NewString()
+			}
+		}
+		data = append(data, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.Pool.CopyFrom(ctx, pgx.Identifier{"usage_logs"}, names, pgx.CopyFromRows(data)); err != nil || n != 12 {
+		t.Fatalf("COPY: %d rows, %v", n, err)
+	}
+	r := requireExact(t, e.Pool)
+	if r.Totals.UsageLogs != 24 || r.Totals.Pending != 24 {
+		t.Fatalf("after INSERT and COPY: %s, want 24 pending logs", mustJSON(t, r.Totals))
+	}
+
+	// One UPDATE moving logs of all three tenants between statuses: some
+	// pending to billed, some to failed, some to needs_review, and the
+	// overage of some changed without a status change.
+	n := exec(t, e.Pool, `UPDATE usage_logs SET
+			billing_status = (ARRAY['billed', 'failed', 'needs_review', 'pending'])[1 + k % 4],
+			input_tokens = input_tokens + CASE WHEN k % 4 = 3 THEN 10 ELSE 0 END,
+			overage_input_tokens = overage_input_tokens + CASE WHEN k % 4 = 3 THEN 10 ELSE 0 END
+		FROM (SELECT id, row_number() OVER (ORDER BY id) AS k FROM usage_logs) o
+		WHERE usage_logs.id = o.id`)
+	if n != 24 {
+		t.Fatalf("updated %d logs, want 24", n)
+	}
+	r = requireExact(t, e.Pool)
+	if r.Totals.Billed != 6 || r.Totals.Failed != 6 || r.Totals.NeedsReview != 6 || r.Totals.Pending != 6 {
+		t.Fatalf("after the status update: %s, want 6 of each", mustJSON(t, r.Totals))
+	}
+	// Statuses swapped within one statement (billed <-> failed): the
+	// counts per status stay, and must.
+	exec(t, e.Pool, `UPDATE usage_logs SET billing_status = CASE billing_status WHEN 'billed' THEN 'failed' ELSE 'billed' END
+		WHERE billing_status IN ('billed', 'failed')`)
+	requireExact(t, e.Pool)
+	// An UPDATE of no counted column moves nothing, and an UPDATE of no
+	// row neither.
+	before := counterRows(t, e.Pool)
+	exec(t, e.Pool, `UPDATE usage_logs SET first_attempt_at = now(), updated_at = now()`)
+	exec(t, e.Pool, `UPDATE usage_logs SET billing_status = 'billed' WHERE false`)
+	if after := counterRows(t, e.Pool); after != before {
+		t.Fatalf("an UPDATE that changed no counted column wrote counter rows: %s, then %s", before, after)
+	}
+
+	// One DELETE of logs of several tenants and statuses, inside a
+	// transaction that also writes from a leased slot, as ingest does.
+	err = pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('overage.slot', '7', true)`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM usage_logs WHERE billing_status <> 'pending' AND overage_input_tokens < 2`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE usage_logs SET billing_status = 'billed' WHERE billing_status = 'pending'`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = requireExact(t, e.Pool)
+	if r.Totals.Pending != 0 || r.Totals.UsageLogs >= 24 {
+		t.Fatalf("after DELETE: %s", mustJSON(t, r.Totals))
+	}
+	var slot7 int
+	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM billing_counters WHERE slot = 7`).Scan(&slot7); err != nil || slot7 == 0 {
+		t.Fatalf("the transaction's slot got %d counter rows (%v): the triggers ignored overage.slot", slot7, err)
+	}
+}
+
+// counterRows is billing_counters as text, with the versions of its rows:
+// it changes when any counter row is written, even to the same value.
+func counterRows(t testing.TB, db *pgxpool.Pool) string {
+	t.Helper()
+	var s string
+	if err := db.QueryRow(context.Background(), `SELECT coalesce(string_agg(format('%s/%s/%s=%s,%s,%s@%s', tenant_id, billing_status, slot,
+			usage_logs, overage_input_tokens, overage_output_tokens, xmin), ' ' ORDER BY tenant_id, billing_status, slot), '')
+		FROM billing_counters`).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Migration 0020 swaps the per-row update and delete triggers for
+// per-statement ones on a live table: while its transaction is open,
+// writers wait and readers do not, and afterwards the counters follow
+// multi-row writes exactly.
+func TestMigrationToStatementTriggersBlocksWritesNotReads(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	alice := e.Tenant(t, "alice", 0, 0)
+	ids := []uuid.UUID{record(t, e.Server, alice, 1, 2), record(t, e.Server, alice, 3, 4)}
+	// Back to the triggers before 0020: per row, on the same names.
+	exec(t, e.Pool, `DROP FUNCTION billing_counters_update_rows, billing_counters_delete_rows CASCADE`)
+	exec(t, e.Pool, `CREATE FUNCTION billing_counters_track() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`)
+	exec(t, e.Pool, `CREATE TRIGGER usage_logs_billing_counters_update AFTER UPDATE OF billing_status ON usage_logs
+		FOR EACH ROW EXECUTE FUNCTION billing_counters_track()`)
+	exec(t, e.Pool, `CREATE TRIGGER usage_logs_billing_counters_delete AFTER DELETE ON usage_logs
+		FOR EACH ROW EXECUTE FUNCTION billing_counters_track()`)
+
+	var sql string
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version == 20 {
+			sql = m.SQL
+		}
+	}
+	tx, err := e.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		t.Fatalf("migration 0020: %v", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	var n int
+	err = e.Pool.QueryRow(rctx, `SELECT count(*) FROM usage_logs`).Scan(&n)
+	cancel()
+	if err != nil || n != 2 {
+		t.Fatalf("a reader of usage_logs during the migration: %d logs, %v", n, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = tryRecord(wctx, e.Server, alice, 1, 1)
+	cancel()
+	if err == nil {
+		t.Fatal("a usage log was written while the migration swapped the triggers")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var perRow int
+	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgrelid = 'usage_logs'::regclass
+		AND tgname LIKE 'usage_logs_billing_counters_%' AND (tgtype & 1 = 1 OR (tgname <> 'usage_logs_billing_counters_truncate' AND tgoldtable IS NULL AND tgnewtable IS NULL))`).Scan(&perRow); err != nil || perRow != 0 {
+		t.Fatalf("%d counter triggers still per row or without transition tables (%v)", perRow, err)
+	}
+	park(t, e.Pool, ids...)
+	exec(t, e.Pool, `DELETE FROM usage_logs WHERE id = $1`, ids[0])
+	if r := requireExact(t, e.Pool); r.Totals.NeedsReview != 1 || r.Totals.UsageLogs != 1 {
+		t.Fatalf("after the migration: %s", mustJSON(t, r.Totals))
 	}
 }
