@@ -197,3 +197,43 @@ func TestConcurrentCorrectionsOfOneLogApplyOnce(t *testing.T) {
 		t.Fatalf("after the void: tokens %d/%d, overage %d/%d, period total %d; want all zero", in, out, oin, oout, total)
 	}
 }
+
+// A correction that gives allowance back while an event of the same period
+// is in flight on the unordered path (the total had reached the allowance
+// when the event read it) does not leave that event charged in full: the
+// event's transaction finds the lower total before it writes, rolls back
+// and is redone in order, so the period's overage stays exact.
+func TestCorrectionDuringAnUnorderedEventKeepsTheSplitExact(t *testing.T) {
+	t.Parallel()
+	const allowance = 1000
+	// One report batch period for the whole test: the first event queues
+	// its job, so neither the event in flight nor the correction inside it
+	// waits on the other's report job row.
+	w := worktest.New(t, worktest.Options{BatchDelay: 24 * time.Hour,
+		Tenants: []tenants.CreateParams{{StripeCustomerID: "cus_cap", IncludedInputTokens: allowance}}})
+	tenant := w.Tenants["cus_cap"].ID
+	ts := time.Now().Add(-time.Minute)
+	first := worktest.Record(t, w.Ingest, tenant, ts, 1500, 0) // total 1500: 500 over, the allowance used up
+	var once sync.Once
+	ingest.SetBeforeWrites(w.Ingest, func(context.Context) error {
+		once.Do(func() {
+			// Total 1500 -> 500: 500 of the allowance is free again.
+			if _, err := w.Ingest.Correct(context.Background(), ingest.CorrectParams{UsageLogID: first, Key: "lower", Fingerprint: []byte("lower"),
+				InputTokens: 500, Reason: "the provider's final count"}); err != nil {
+				t.Errorf("correction: %v", err)
+			}
+		})
+		return nil
+	})
+	second := worktest.Record(t, w.Ingest, tenant, ts, 300, 0) // total 800: inside the allowance
+	ingest.SetBeforeWrites(w.Ingest, nil)
+
+	var over, periodOver int64
+	if err := w.Pool.QueryRow(context.Background(), `SELECT (SELECT overage_input_tokens FROM usage_logs WHERE id = $1),
+			(SELECT sum(overage_input_tokens) FROM usage_logs WHERE tenant_id = $2)`, second, tenant).Scan(&over, &periodOver); err != nil {
+		t.Fatal(err)
+	}
+	if over != 0 || periodOver != 0 {
+		t.Fatalf("event after the correction charged %d, the period's overage %d; want 0 and 0 (total 800 against 1000 included)", over, periodOver)
+	}
+}

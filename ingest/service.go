@@ -492,6 +492,7 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, o
 		b.Queue(`DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
 	}
 	if len(w.logs) > 0 {
+		queueUsedUpGuard(b, req.tenantID, st, w.deltaOrder)
 		n := len(w.deltaOrder)
 		starts, ordered := make([]time.Time, n), make([]bool, n)
 		ins, outs := make([]int64, n), make([]int64, n)
@@ -533,10 +534,67 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, o
 		req.tenantID, req.key, req.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds())
 	b.Queue(`COMMIT`)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "22012" /* division_by_zero: the guard */ {
+			return errAllowanceGivenBack
+		}
 		return fmt.Errorf("write usage logs and idempotency record, commit: %w", err)
 	}
 	tx.commitQueued()
 	return nil
+}
+
+// errAllowanceGivenBack: a correction gave allowance back to a period this
+// transaction charged without ordering (see queueUsedUpGuard). It rolled
+// back whole; the next attempt reads the lower total and takes the ordered
+// path.
+var errAllowanceGivenBack = errors.New("a correction gave allowance back to the period meanwhile")
+
+// queueUsedUpGuard keeps the unordered path exact against corrections. An
+// unordered period was charged all its tokens because its committed total
+// had reached the allowance, relying on totals only growing — which a
+// correction (or a lowering final checkpoint) breaks: it lowers the total
+// under the period's exclusive lock. So before writing, the transaction
+// takes that lock shared (unordered transactions never wait for each
+// other) and checks, in a statement that starts after the lock is granted,
+// that the total is still at or above the allowance; if a correction
+// committed in between, the check divides by zero and the transaction
+// rolls back to be retried. A correction that comes later waits for this
+// transaction's commit and then counts its tokens.
+//
+// A tenant without allowance needs none of this: no total is ever below
+// zero.
+func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time) {
+	if st.allowance.InputTokens == 0 && st.allowance.OutputTokens == 0 {
+		return
+	}
+	type lock struct{ a, b int32 }
+	var locks []lock
+	var unordered []time.Time
+	for _, p := range periods {
+		if st.ordered[p] {
+			continue
+		}
+		a, b := periodLockKey(tenantID, p)
+		locks = append(locks, lock{a, b})
+		unordered = append(unordered, p)
+	}
+	if len(unordered) == 0 {
+		return
+	}
+	slices.SortFunc(locks, func(x, y lock) int {
+		if c := cmp.Compare(x.a, y.a); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.b, y.b)
+	})
+	for _, l := range locks {
+		b.Queue(`SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)`, l.a, l.b)
+	}
+	b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
+			SELECT period_start FROM allowance_usage WHERE tenant_id = $1 AND period_start = ANY($2)
+			GROUP BY period_start HAVING sum(input_tokens) < $3 OR sum(output_tokens) < $4) AS given_back`,
+		tenantID, unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
 }
 
 func nullID(id uuid.UUID) *uuid.UUID {
@@ -711,7 +769,7 @@ func isRetryable(err error) bool {
 			return true
 		}
 	}
-	return false
+	return errors.Is(err, errAllowanceGivenBack)
 }
 
 // dbError marks an unreachable database as EUNAVAILABLE (503).
