@@ -117,10 +117,9 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 		SELECT gen_random_uuid(), 'drain' || n, 'cus_drain' || n FROM generate_series(1, $1) n`, tenants); err != nil {
 		return err
 	}
-	// The counters trigger fires per row, and within one transaction its
-	// upserts of one tenant's counter rows grow slower with every row: the
-	// backlog is inserted with it off, then the counters are rebuilt from
-	// the rows, as finance.RebuildCounters does for an operator.
+	// The backlog is inserted with the counters trigger off, then the
+	// counters are rebuilt once from the rows, as finance.RebuildCounters
+	// does for an operator's bulk load.
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `ALTER TABLE usage_logs DISABLE TRIGGER usage_logs_billing_counters_insert`); err != nil {
 			return err
