@@ -152,7 +152,11 @@ type answer struct {
 var ingestClient = &http.Client{Timeout: 20 * time.Second}
 
 func postUsage(addr, apiKey, key, body string) answer {
-	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/usage-events", strings.NewReader(body))
+	return postTo(addr, "/v1/usage-events", apiKey, key, body)
+}
+
+func postTo(addr, path, apiKey, key, body string) answer {
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+apiKey)
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
@@ -179,7 +183,12 @@ type flood struct {
 	worst        time.Duration
 	errs         []string
 	next         atomic.Int64
+	// batchEvery > 0 sends every batchEvery-th request as a batch of
+	// batchSize events to /v1/usage-events/batch.
+	batchEvery int
 }
+
+const batchSize = 5
 
 func newFlood(addr, apiKey string) *flood {
 	return &flood{addr: addr, apiKey: apiKey, acked: map[string]string{}, answers: map[int]int{}}
@@ -212,15 +221,43 @@ func (f *flood) run(workers int, stop <-chan struct{}, giveUp time.Duration, ser
 // whether the server was gone (serverGoing only).
 func (f *flood) one(i int, giveUp time.Duration, serverGoing bool) bool {
 	reqID := fmt.Sprintf("req-%d", i)
-	body := fmt.Sprintf(`{"request_id":%q,"user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, reqID, i%5, 100+i%50, 10+i%20)
+	event := func(rid string, n int) string {
+		return fmt.Sprintf(`{"request_id":%q,"user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, rid, n%5, 100+n%50, 10+n%20)
+	}
+	path, body := "/v1/usage-events", event(reqID, i)
+	batch := f.batchEvery > 0 && i%f.batchEvery == 0
+	var rids []string
+	if batch {
+		var evs []string
+		for j := range batchSize {
+			rid := fmt.Sprintf("%s-%d", reqID, j)
+			rids = append(rids, rid)
+			evs = append(evs, event(rid, i+j))
+		}
+		path, body = "/v1/usage-events/batch", `{"events":[`+strings.Join(evs, ",")+`]}`
+	}
 	deadline := time.Now().Add(giveUp)
 	for {
-		a := postUsage(f.addr, f.apiKey, "key-"+reqID, body)
+		a := postTo(f.addr, path, f.apiKey, "key-"+reqID, body)
 		f.mu.Lock()
 		f.answers[a.status]++
 		f.worst = max(f.worst, a.took)
 		switch {
-		case a.err == nil && (a.status == http.StatusAccepted || a.status == http.StatusOK):
+		case a.err == nil && batch && a.status == http.StatusAccepted:
+			var res struct {
+				Events []struct {
+					ID string `json:"id"`
+				} `json:"events"`
+			}
+			if err := json.Unmarshal(a.body, &res); err != nil || len(res.Events) != batchSize {
+				f.errs = append(f.errs, fmt.Sprintf("%s: batch %d without its usage logs: %s", reqID, a.status, a.body))
+			}
+			for j, e := range res.Events {
+				f.acked[rids[j]] = e.ID
+			}
+			f.mu.Unlock()
+			return false
+		case a.err == nil && !batch && (a.status == http.StatusAccepted || a.status == http.StatusOK):
 			var l struct {
 				ID string `json:"id"`
 			}
@@ -282,8 +319,11 @@ func (f *flood) requireRecordedOnce(t *testing.T, w *faultWorld) int {
 			t.Fatalf("acknowledged %s as usage log %s; the database holds %q", reqID, id, stored[reqID])
 		}
 	}
+	// A single event's record names its log; a batch's record is the
+	// request of every event in it (request_id req-N-j under key key-req-N).
 	if n := w.count(t, `SELECT count(*) FROM usage_logs l WHERE NOT EXISTS
-		(SELECT 1 FROM idempotency_keys k WHERE k.usage_log_id = l.id)`); n != 0 {
+		(SELECT 1 FROM idempotency_keys k WHERE k.usage_log_id = l.id
+			OR (k.usage_log_id IS NULL AND k.idempotency_key = 'key-' || substring(l.request_id FROM '^req-[0-9]+')))`); n != 0 {
 		t.Fatalf("%d usage logs without their idempotency record: half-written", n)
 	}
 	return len(stored)

@@ -61,6 +61,7 @@ func TestDatabaseOutageUnderLoad(t *testing.T) {
 	poll.Until(t, "serve and work ready", 30*time.Second, func() bool { return ready(addr) && ready(workAddr) })
 
 	fl := newFlood(addr, w.apiKey)
+	fl.batchEvery = 4 // batches of five too
 	stop := make(chan struct{})
 	wg := fl.run(6, stop, 2*time.Minute, false)
 	poll.Until(t, "reports accepted by Stripe before the cut", time.Minute, func() bool { return len(emu.Events()) >= 20 })

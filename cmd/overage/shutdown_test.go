@@ -30,6 +30,7 @@ func TestServeShutdownUnderLoad(t *testing.T) {
 	})
 
 	fl := newFlood(addr, w.apiKey)
+	fl.batchEvery = 4 // batches of five too
 	stop := make(chan struct{})
 	wg := fl.run(8, stop, 10*time.Second, true)
 	poll.Until(t, "events flowing", 30*time.Second, func() bool {
