@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -71,19 +69,7 @@ type correctionResponse struct {
 
 // Correct records a correction of a usage log; see above.
 func (s *Service) Correct(ctx context.Context, p CorrectParams) (*Outcome, error) {
-	const attempts = 3
-	var err error
-	for range attempts {
-		var out *Outcome
-		out, err = s.correctOnce(ctx, p)
-		if err == nil {
-			return out, nil
-		}
-		if !isRetryable(err) {
-			break
-		}
-	}
-	return nil, dbError(err)
+	return withRetries(func() (*Outcome, error) { return s.correctOnce(ctx, p) })
 }
 
 func notFound(id uuid.UUID) error {
@@ -437,22 +423,9 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 		}
 		tenantID = &id
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return nil, malformed("Content-Type", "must be application/json")
-		}
-	}
-	key, err := parseIdempotencyKey(r.Header)
+	key, body, err := readKeyAndBody(r, maxBodyBytes)
 	if err != nil {
 		return nil, err
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, overage.Errorf(overage.ETOOLARGE, "payload-too-large", "the body is over %d bytes", maxBodyBytes)
-		}
-		return nil, malformed("body", "could not read the request body")
 	}
 	logID, err := uuid.Parse(chi.URLParam(r, "id"))
 	if err != nil {

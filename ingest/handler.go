@@ -153,24 +153,35 @@ func (h *Handler) read(r *http.Request, limit int64) (*input, error) {
 	if err != nil {
 		return nil, err
 	}
+	key, body, err := readKeyAndBody(r, limit)
+	if err != nil {
+		return nil, err
+	}
+	return &input{tenantID: tenantID, key: key, body: body}, nil
+}
+
+// readKeyAndBody checks the Content-Type, parses the Idempotency-Key and
+// reads at most limit bytes of body: the part of every keyed request's
+// checks that follows authentication.
+func readKeyAndBody(r *http.Request, limit int64) (string, []byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return nil, malformed("Content-Type", "must be application/json")
+			return "", nil, malformed("Content-Type", "must be application/json")
 		}
 	}
 	key, err := parseIdempotencyKey(r.Header)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return nil, overage.Errorf(overage.ETOOLARGE, "payload-too-large", "the body is over %d bytes", limit)
+			return "", nil, overage.Errorf(overage.ETOOLARGE, "payload-too-large", "the body is over %d bytes", limit)
 		}
-		return nil, malformed("body", "could not read the request body")
+		return "", nil, malformed("body", "could not read the request body")
 	}
-	return &input{tenantID: tenantID, key: key, body: body}, nil
+	return key, body, nil
 }
 
 func (h *Handler) get(w http.ResponseWriter, r *http.Request) {

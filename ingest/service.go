@@ -134,17 +134,23 @@ type result struct {
 type renderer func(results []result) (*Outcome, error)
 
 func (s *Service) execute(ctx context.Context, req request, render renderer) (*Outcome, error) {
+	return withRetries(func() (*Outcome, error) { return s.executeOnce(ctx, req, render) })
+}
+
+// withRetries runs one ingest transaction up to three times. A retryable
+// error means it rolled back whole: a unique violation (a concurrent
+// transaction committed the same key or request_id first: the next pass
+// reads the winner's row and answers from it), a deadlock, or allowance
+// given back under an unordered event (errAllowanceGivenBack).
+func withRetries(attempt func() (*Outcome, error)) (*Outcome, error) {
 	const attempts = 3
 	var err error
 	for range attempts {
 		var out *Outcome
-		out, err = s.executeOnce(ctx, req, render)
+		out, err = attempt()
 		if err == nil {
 			return out, nil
 		}
-		// A unique violation means a concurrent transaction committed the
-		// same key or request_id first. This transaction rolled back whole;
-		// the next pass reads the winner's row and answers from it.
 		if !isRetryable(err) {
 			break
 		}

@@ -102,22 +102,11 @@ type checkpointResponse struct {
 
 // Checkpoint records a checkpoint of a streaming response (p.Event.Stream
 // set, p.Event.RequestID set) under its idempotency key.
+//
+// A unique violation means a plain event took the request_id first, or
+// another stream's first checkpoint did; the next pass sees it.
 func (s *Service) Checkpoint(ctx context.Context, p RecordParams) (*Outcome, error) {
-	const attempts = 3
-	var err error
-	for range attempts {
-		var out *Outcome
-		out, err = s.checkpointOnce(ctx, p)
-		if err == nil {
-			return out, nil
-		}
-		// A unique violation: a plain event took the request_id first, or
-		// another stream's first checkpoint did; the next pass sees it.
-		if !isRetryable(err) {
-			break
-		}
-	}
-	return nil, dbError(err)
+	return withRetries(func() (*Outcome, error) { return s.checkpointOnce(ctx, p) })
 }
 
 type streamRow struct {
