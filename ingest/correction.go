@@ -72,10 +72,6 @@ func (s *Service) Correct(ctx context.Context, p CorrectParams) (*Outcome, error
 	return withRetries(func() (*Outcome, error) { return s.correctOnce(ctx, p) })
 }
 
-func notFound(id uuid.UUID) error {
-	return overage.Errorf(overage.ENOTFOUND, "not-found", "usage log %s not found", id)
-}
-
 func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
@@ -91,7 +87,7 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	var tenantID uuid.UUID
 	err = tx.QueryRow(ctx, `SELECT tenant_id FROM usage_logs WHERE id = $1`, p.UsageLogID).Scan(&tenantID)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && p.TenantID != nil && *p.TenantID != tenantID) {
-		return nil, notFound(p.UsageLogID)
+		return nil, overage.NotFound("usage log %s not found", p.UsageLogID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read usage log: %w", err)
@@ -429,7 +425,7 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 	}
 	logID, err := uuid.Parse(chi.URLParam(r, "id"))
 	if err != nil {
-		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "usage log %q not found", chi.URLParam(r, "id"))
+		return nil, overage.NotFound("usage log %q not found", chi.URLParam(r, "id"))
 	}
 	in, out, reason, err := parseCorrection(body)
 	if err != nil {

@@ -318,7 +318,7 @@ func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid strin
 	}
 	out.UsageEvents = logs
 	if len(logs) == 0 && out.Stream == nil {
-		return nil, overage.Errorf(overage.ENOTFOUND, "not-found", "nothing was recorded under request_id %q", rid)
+		return nil, overage.NotFound("nothing was recorded under request_id %q", rid)
 	}
 	return out, nil
 }
