@@ -52,6 +52,14 @@ func FuzzCanonicalJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		canon, err := canonicalJSON(data)
+		// The one-pass canonicaliser answers only what the decoder path
+		// answers the same way, byte for byte.
+		if fast, ok := canonicalOnePass(data); ok {
+			ref, refErr := canonicalViaDecoder(data)
+			if refErr != nil || !bytes.Equal(fast, ref) {
+				t.Fatalf("one pass gives %q for %q, the decoder path %q, %v", fast, data, ref, refErr)
+			}
+		}
 		if err != nil {
 			return
 		}

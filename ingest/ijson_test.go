@@ -43,3 +43,35 @@ func TestCanonicalJSONRefusesWhatIJSONForbids(t *testing.T) {
 		t.Fatal("two different lone surrogates share a fingerprint")
 	}
 }
+
+// The bodies honest clients send take the one-pass canonicaliser and get
+// what the decoder path gives; what I-JSON forbids is left to the decoder
+// path, which words the refusal.
+func TestCanonicalOnePassAgreesWithTheDecoder(t *testing.T) {
+	t.Parallel()
+	for _, in := range []string{
+		`{"user_id":"u","model_id":"m","input_tokens":1,"output_tokens":2,"request_id":"r-1"}`,
+		` {"events":[{"b":1,"a":"x"},{"a":[true,false,null,-0,1E2,1.5e-7,0.1]}]} `,
+		`{"\ue000":1,"\ud83d\ude00":2,"a\u0000\/\"\\\b\f\n\r\t\u001f":"\u00e9é😀"}`,
+		`{"a":{"a":1},"b":{"a":2}}`,
+		`[{},[],""]`,
+	} {
+		fast, ok := canonicalOnePass([]byte(in))
+		if !ok {
+			t.Errorf("canonicalOnePass(%q) declined", in)
+			continue
+		}
+		ref, err := canonicalViaDecoder([]byte(in))
+		if err != nil || string(fast) != string(ref) {
+			t.Errorf("canonicalOnePass(%q) = %s, the decoder path %s, %v", in, fast, ref, err)
+		}
+	}
+	for _, in := range []string{
+		`{"a":1,"\u0061":2}`, `{"a":"\ud800"}`, `{"a":"\ud800\u0041"}`, "{\"a\":\"\xff\"}",
+		`{"a":1e400}`, `{} {}`, `{"a":01}`, "{\"a\":\"\t\"}", `{"a":"\x"}`, ``,
+	} {
+		if got, ok := canonicalOnePass([]byte(in)); ok {
+			t.Errorf("canonicalOnePass(%q) = %s, want it left to the decoder path", in, got)
+		}
+	}
+}
