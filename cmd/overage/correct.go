@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/google/uuid"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -22,23 +21,17 @@ const correctSynopsis = "overage correct ID --input-tokens N --output-tokens M -
 // totals), so running the same command again after a lost answer replays
 // it instead of correcting twice.
 func cmdCorrect(ctx context.Context, e env, args []string) error {
-	if len(args) == 0 || len(args[0]) == 0 || args[0][0] == '-' {
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			fmt.Fprintf(e.stdout, "Usage: %s\n", correctSynopsis)
-			return nil
-		}
-		return &usageError{err: errors.New("missing the usage log id"), command: "correct", synopsis: correctSynopsis}
-	}
-	id, err := uuid.Parse(args[0])
-	if err != nil {
-		return &usageError{err: fmt.Errorf("%q is not a usage log id", args[0]), command: "correct", synopsis: correctSynopsis}
-	}
 	fs := newFlags(e, "correct", correctSynopsis)
 	in := fs.Int64("input-tokens", -1, "the corrected input token total of the usage event (required)")
 	out := fs.Int64("output-tokens", -1, "the corrected output token total of the usage event (required)")
 	reason := fs.String("reason", "", "why (required)")
 	key := fs.String("key", "", "Idempotency-Key (default: derived from the id and the corrected totals)")
-	cfg, err := loadConfig(e, fs, args[1:], "DATABASE_URL", "REPORT_MAX_ATTEMPTS")
+	ids, rest, err := leadingIDs(fs, args, "USAGE_LOG_ID")
+	if err != nil {
+		return err
+	}
+	id := ids[0]
+	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL", "REPORT_MAX_ATTEMPTS")
 	if err != nil {
 		return err
 	}

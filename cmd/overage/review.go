@@ -63,25 +63,18 @@ func cmdReviewList(ctx context.Context, e env, args []string) error {
 }
 
 func cmdReviewResolve(ctx context.Context, e env, args []string) error {
-	// The id comes first; flags follow it.
-	if len(args) == 0 || len(args[0]) == 0 || args[0][0] == '-' {
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			fmt.Fprintf(e.stdout, "Usage: %s\n", reviewResolveSynopsis)
-			return nil
-		}
-		return &usageError{err: errors.New("missing the usage log id"), command: "review resolve", synopsis: reviewResolveSynopsis}
-	}
-	id, err := uuid.Parse(args[0])
-	if err != nil {
-		return &usageError{err: fmt.Errorf("%q is not a usage log id", args[0]), command: "review resolve", synopsis: reviewResolveSynopsis}
-	}
 	fs := newFlags(e, "review resolve", reviewResolveSynopsis)
 	as := fs.String("as", "", "billed (Stripe has it), resend (send it again with the same keys) or void (never bill it)")
 	reason := fs.String("reason", "", "why, for the audit trail (required)")
 	by := fs.String("by", currentUser(), "who decides, for the audit trail")
 	force := fs.Bool("force", false, "resend even while Stripe may still hold the old keys")
 	asJSON := fs.Bool("json", false, "print JSON")
-	cfg, err := loadConfig(e, fs, args[1:], "STRIPE_IDEMPOTENCY_WINDOW", "REPORT_MAX_ATTEMPTS")
+	ids, rest, err := leadingIDs(fs, args, "USAGE_LOG_ID")
+	if err != nil {
+		return err
+	}
+	id := ids[0]
+	cfg, err := loadConfig(e, fs, rest, "STRIPE_IDEMPOTENCY_WINDOW", "REPORT_MAX_ATTEMPTS")
 	if err != nil {
 		return err
 	}

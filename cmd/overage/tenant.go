@@ -140,10 +140,10 @@ func activeKeys(keys []tenants.APIKey) int {
 	return n
 }
 
-var idNames = map[string]string{"ID": "a tenant id", "KEY_ID": "an API key id"}
+var idNames = map[string]string{"ID": "a tenant id", "KEY_ID": "an API key id", "USAGE_LOG_ID": "a usage log id"}
 
-// tenantArgs takes the ids that come before a command's flags.
-func tenantArgs(fs *flags, args []string, names ...string) ([]uuid.UUID, []string, error) {
+// leadingIDs takes the ids that come before a command's flags.
+func leadingIDs(fs *flags, args []string, names ...string) ([]uuid.UUID, []string, error) {
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 		return nil, nil, fs.parse(args[:1])
 	}
@@ -164,7 +164,7 @@ func tenantArgs(fs *flags, args []string, names ...string) ([]uuid.UUID, []strin
 func cmdTenantShow(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "tenant show", tenantShowSynopsis)
 	asJSON := fs.Bool("json", false, "print the JSON of GET /v1/tenants/{id}")
-	ids, rest, err := tenantArgs(fs, args, "ID")
+	ids, rest, err := leadingIDs(fs, args, "ID")
 	if err != nil {
 		return err
 	}
@@ -230,7 +230,7 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 	customer := fs.String("stripe-customer", "", "new Stripe customer id, cus_...")
 	in := fs.String("included-input-tokens", "", "new input tokens included per billing period")
 	out := fs.String("included-output-tokens", "", "new output tokens included per billing period")
-	ids, rest, err := tenantArgs(fs, args, "ID")
+	ids, rest, err := leadingIDs(fs, args, "ID")
 	if err != nil {
 		return err
 	}
@@ -290,7 +290,7 @@ func cmdTenantKey(ctx context.Context, e env, args []string) error {
 	}
 	if args[0] == "create" {
 		fs := newFlags(e, "tenant key create", "overage tenant key create ID\n\nPrints the new key once, in JSON; it is stored only as its SHA-256.")
-		ids, rest, err := tenantArgs(fs, args[1:], "ID")
+		ids, rest, err := leadingIDs(fs, args[1:], "ID")
 		if err != nil {
 			return err
 		}
@@ -307,7 +307,7 @@ func cmdTenantKey(ctx context.Context, e env, args []string) error {
 		})
 	}
 	fs := newFlags(e, "tenant key revoke", "overage tenant key revoke ID KEY_ID\n\nThe key's next request is refused with 401.")
-	ids, rest, err := tenantArgs(fs, args[1:], "ID", "KEY_ID")
+	ids, rest, err := leadingIDs(fs, args[1:], "ID", "KEY_ID")
 	if err != nil {
 		return err
 	}
