@@ -2,12 +2,15 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/internal/pgtest"
@@ -116,5 +119,36 @@ func TestMigrationFilesAreNumberedInOrder(t *testing.T) {
 		if m.Version < 1 || (i > 0 && m.Version <= all[i-1].Version) {
 			t.Fatalf("migration %d is numbered %d: numbers must increase from 1", i, m.Version)
 		}
+	}
+}
+
+// Usage logs carry no foreign key to tenants (0021: its per-row check cost
+// a fifth of the ingest's insert); in its place, a tenant can never be
+// deleted, so no usage log is ever orphaned.
+func TestTenantsAreNeverDeleted(t *testing.T) {
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO tenants (id, name, stripe_customer_id)
+		VALUES ('00000000-0000-0000-0000-0000000000aa', 'acme', 'cus_acme')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{
+		`DELETE FROM tenants WHERE id = '00000000-0000-0000-0000-0000000000aa'`,
+		`TRUNCATE tenants CASCADE`,
+	} {
+		_, err := pool.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23001" || !strings.Contains(pgErr.Message, "never deleted") {
+			t.Fatalf("%s: got %v, want restrict_violation saying tenants are never deleted", stmt, err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM tenants`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("tenants after refused deletes: %d (%v), want 1", n, err)
+	}
+	var fks int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_constraint
+		WHERE conrelid = 'usage_logs'::regclass AND contype = 'f' AND confrelid = 'tenants'::regclass`).Scan(&fks); err != nil || fks != 0 {
+		t.Fatalf("foreign keys from usage_logs to tenants: %d (%v), want 0", fks, err)
 	}
 }
