@@ -80,14 +80,18 @@ type ListParams struct {
 // `overage review list` and `overage status` both print it. It never
 // returns nil, so the JSON of an empty list is [].
 //
-// It walks the tenants and, per tenant, the (tenant_id, billing_status)
-// index of usage_logs, so it reads only the logs it returns, however large
-// the table.
+// It walks the tenants and, per tenant, the partial index of parked logs
+// (migrations/0022), so it reads only the logs it returns, however large
+// the table; the constant IN lets the planner prove that index applies
+// whatever statuses are passed, which is why only those two may be.
 func List(ctx context.Context, db overage.DB, p ListParams) ([]Item, error) {
 	statuses := []string{string(usagelog.StatusNeedsReview), string(usagelog.StatusFailed)}
 	if len(p.Statuses) > 0 {
 		statuses = statuses[:0]
 		for _, s := range p.Statuses {
+			if s != usagelog.StatusNeedsReview && s != usagelog.StatusFailed {
+				return nil, fmt.Errorf("list usage logs to review: status %q is not one an operator reviews (needs_review, failed)", s)
+			}
 			statuses = append(statuses, string(s))
 		}
 	}
@@ -103,6 +107,7 @@ func List(ctx context.Context, db overage.DB, p ListParams) ([]Item, error) {
 		CROSS JOIN LATERAL (
 			SELECT * FROM usage_logs u
 			WHERE u.tenant_id = t.id AND u.billing_status = ANY($2)
+				AND `+usagelog.In("u.billing_status", usagelog.StatusNeedsReview, usagelog.StatusFailed)+`
 		) u
 		WHERE $1::uuid IS NULL OR t.id = $1::uuid
 		ORDER BY u.created_at, u.id

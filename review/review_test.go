@@ -240,6 +240,13 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 	if none, err := review.List(context.Background(), b.Pool, review.ListParams{TenantID: &ok}); err != nil || none == nil || len(none) != 0 {
 		t.Fatalf("list of a tenant with nothing to review: %#v %v", none, err)
 	}
+	if parked, err := review.List(context.Background(), b.Pool, review.ListParams{Statuses: []overage.BillingStatus{overage.BillingStatusNeedsReview}}); err != nil || len(parked) != 1 || parked[0].Status != overage.BillingStatusNeedsReview {
+		t.Fatalf("list of needs_review only: %+v %v", parked, err)
+	}
+	// Only the two statuses the parked-logs index holds can be listed.
+	if billed, err := review.List(context.Background(), b.Pool, review.ListParams{Statuses: []overage.BillingStatus{overage.BillingStatusBilled}}); err == nil || !strings.Contains(err.Error(), `"billed"`) {
+		t.Fatalf("list of billed logs: %+v %v, want an error naming the status", billed, err)
+	}
 	var table bytes.Buffer
 	if err := review.WriteTable(&table, items); err != nil {
 		t.Fatal(err)

@@ -18,13 +18,22 @@ func Is(column string, st overage.BillingStatus) string {
 	return column + " = " + literal(st)
 }
 
+// In is the SQL condition "column holds one of sts".
+func In(column string, sts ...overage.BillingStatus) string {
+	return column + " IN (" + literals(sts) + ")"
+}
+
 // NotIn is the SQL condition "column holds none of sts".
 func NotIn(column string, sts ...overage.BillingStatus) string {
+	return column + " NOT IN (" + literals(sts) + ")"
+}
+
+func literals(sts []overage.BillingStatus) string {
 	lits := make([]string, len(sts))
 	for i, st := range sts {
 		lits[i] = literal(st)
 	}
-	return column + " NOT IN (" + strings.Join(lits, ", ") + ")"
+	return strings.Join(lits, ", ")
 }
 
 func literal(st overage.BillingStatus) string {
