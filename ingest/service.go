@@ -615,9 +615,13 @@ func nullID(id uuid.UUID) *uuid.UUID {
 // billed). Both are deterministic, so both are stored under the key.
 func renderSingle(results []result) (*Outcome, error) {
 	r := results[0]
-	body, err := json.Marshal(logResponse{UsageLog: r.log, Duplicate: r.duplicate})
-	if err != nil {
-		return nil, fmt.Errorf("render usage log: %w", err)
+	resp := logResponse{UsageLog: r.log, Duplicate: r.duplicate}
+	body, ok := appendLogResponse(make([]byte, 0, 512), &resp)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(resp); err != nil {
+			return nil, fmt.Errorf("render usage log: %w", err)
+		}
 	}
 	if r.duplicate {
 		return &Outcome{Status: http.StatusOK, Body: body, Kind: OutcomeDuplicate, UsageLogID: r.log.ID}, nil
@@ -650,9 +654,12 @@ func renderBatch(results []result) (*Outcome, error) {
 			resp.Created++
 		}
 	}
-	body, err := json.Marshal(resp)
-	if err != nil {
-		return nil, fmt.Errorf("render batch: %w", err)
+	body, ok := appendBatchResponse(make([]byte, 0, batchResponseSize(results)), &resp)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(resp); err != nil {
+			return nil, fmt.Errorf("render batch: %w", err)
+		}
 	}
 	return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew}, nil
 }
