@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
@@ -297,11 +298,11 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 	}
 	b.Queue(beginSQL, slot, lockKey(req.tenantID, req.key), planMode)
 	b.Queue(`SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
-		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
+		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, pgUUID(req.tenantID), req.key)
 	if len(rids) > 0 {
-		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = ANY($2)`, req.tenantID, rids)
+		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = ANY($2)`, pgUUID(req.tenantID), rids)
 	}
-	b.Queue(periodsSQL, req.tenantID, ts)
+	b.Queue(periodsSQL, pgUUID(req.tenantID), ts)
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	if _, err := br.Exec(); err != nil {
@@ -400,7 +401,7 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, req request, fresh []int)
 		b.Queue(`SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, l.a, l.b)
 	}
 	b.Queue(`SELECT period_start, sum(input_tokens)::bigint, sum(output_tokens)::bigint FROM allowance_usage
-		WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY period_start`, req.tenantID, open)
+		WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY period_start`, pgUUID(req.tenantID), open)
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	for range locks {
@@ -495,7 +496,7 @@ func (st *state) newLogs(req request, fresh []int, results []result) (*writes, e
 func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, out *Outcome) error {
 	b := &pgx.Batch{}
 	if st.found { // expired: the key starts a new request
-		b.Queue(`DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
+		b.Queue(`DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, pgUUID(req.tenantID), req.key)
 	}
 	if len(w.logs) > 0 {
 		queueUsedUpGuard(b, req.tenantID, st, w.deltaOrder)
@@ -513,15 +514,18 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, o
 			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
 			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
 			    output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-			req.tenantID, starts, ordered, ins, outs, st.slot)
+			pgUUID(req.tenantID), starts, ordered, ins, outs, st.slot)
 
 		m := len(w.logs)
-		ids, rids := make([]uuid.UUID, m), make([]*string, m)
+		ids, rids := make(pgtype.FlatArray[pgtype.UUID], m), make(pgtype.FlatArray[pgtype.Text], m)
 		tss, periods := make([]time.Time, m), make([]time.Time, m)
 		users, models, statuses := make([]string, m), make([]string, m), make([]string, m)
 		in, out, oin, oout := make([]int64, m), make([]int64, m), make([]int64, m), make([]int64, m)
 		for i, l := range w.logs {
-			ids[i], rids[i], tss[i], periods[i] = l.ID, l.RequestID, l.Timestamp, w.periods[i]
+			ids[i], tss[i], periods[i] = pgUUID(l.ID), l.Timestamp, w.periods[i]
+			if l.RequestID != nil {
+				rids[i] = pgtype.Text{String: *l.RequestID, Valid: true}
+			}
 			users[i], models[i], statuses[i] = l.UserID, l.ModelID, string(l.BillingStatus)
 			in[i], out[i], oin[i], oout[i] = l.InputTokens, l.OutputTokens, l.Overage.InputTokens, l.Overage.OutputTokens
 		}
@@ -532,12 +536,12 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, o
 				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[])
 				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status)
 			ORDER BY u.rid COLLATE "C"`,
-			req.tenantID, ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now)
+			pgUUID(req.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now)
 	}
 	b.Queue(`INSERT INTO idempotency_keys
 		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
 		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
-		req.tenantID, req.key, req.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds())
+		pgUUID(req.tenantID), req.key, req.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds())
 	b.Queue(`COMMIT`)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		var pgErr *pgconn.PgError
@@ -600,14 +604,19 @@ func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []tim
 	b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
 			SELECT period_start FROM allowance_usage WHERE tenant_id = $1 AND period_start = ANY($2)
 			GROUP BY period_start HAVING sum(input_tokens) < $3 OR sum(output_tokens) < $4) AS given_back`,
-		tenantID, unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
+		pgUUID(tenantID), unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
 }
 
-func nullID(id uuid.UUID) *uuid.UUID {
-	if id == uuid.Nil {
-		return nil
-	}
-	return &id
+// nullID is id as an SQL argument, NULL for uuid.Nil.
+func nullID(id uuid.UUID) pgtype.UUID {
+	return pgtype.UUID{Bytes: id, Valid: id != uuid.Nil}
+}
+
+// pgUUID is id as an SQL argument pgx encodes directly: a uuid.UUID goes
+// through driver.Valuer, its text, a failed encode and a re-parse (2.3 us
+// an id against 0.07 us, go test -bench in pgx's pgtype.Map.Encode).
+func pgUUID(id uuid.UUID) pgtype.UUID {
+	return pgtype.UUID{Bytes: id, Valid: true}
 }
 
 // renderSingle answers one event: 202 with a new log, or 200 with the log
