@@ -339,9 +339,12 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 	if err != nil {
 		return nil, fmt.Errorf("read allowance periods: %w", err)
 	}
+	// One row an event, but as many totals as periods: scanned into the
+	// same variables, copied once a period.
+	var start time.Time
+	var tot overage.Overage
+	st.periods = make([]time.Time, 0, len(req.events))
 	for rows.Next() {
-		var start time.Time
-		var tot overage.Overage
 		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
 			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now); err != nil {
 			rows.Close()
@@ -349,7 +352,10 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 		}
 		start, st.now = start.UTC(), st.now.UTC()
 		st.periods = append(st.periods, start)
-		st.totals[start] = &tot
+		if _, ok := st.totals[start]; !ok {
+			t := tot
+			st.totals[start] = &t
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
