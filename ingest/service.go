@@ -282,13 +282,13 @@ const periodsSQL = `
 // else its calendar month in UTC.
 func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state, error) {
 	st := &state{slot: slot, earlier: map[string]*overage.UsageLog{}, totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}}
-	var rids []string
-	ts := make([]time.Time, len(req.events))
+	var rids pgArray[pgString]
+	ts := make(pgArray[pgTimestamptz], len(req.events))
 	for i, ev := range req.events {
 		if ev.RequestID != nil {
-			rids = append(rids, *ev.RequestID)
+			rids = append(rids, pgString(*ev.RequestID))
 		}
-		ts[i] = ev.Timestamp
+		ts[i] = pgTimestamptz(ev.Timestamp)
 	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
@@ -523,17 +523,18 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, o
 			pgUUID(req.tenantID), starts, ordered, ins, outs, st.slot)
 
 		m := len(w.logs)
-		ids, rids := make(pgtype.FlatArray[pgtype.UUID], m), make(pgtype.FlatArray[pgtype.Text], m)
-		tss, periods := make([]time.Time, m), make([]time.Time, m)
-		users, models, statuses := make([]string, m), make([]string, m), make([]string, m)
-		in, out, oin, oout := make([]int64, m), make([]int64, m), make([]int64, m), make([]int64, m)
+		ids, rids := make(pgArray[pgtype.UUID], m), make(pgArray[pgtype.Text], m)
+		tss, periods := make(pgArray[pgTimestamptz], m), make(pgArray[pgTimestamptz], m)
+		users, models, statuses := make(pgArray[pgString], m), make(pgArray[pgString], m), make(pgArray[pgString], m)
+		in, out, oin, oout := make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m)
 		for i, l := range w.logs {
-			ids[i], tss[i], periods[i] = pgUUID(l.ID), l.Timestamp, w.periods[i]
+			ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])
 			if l.RequestID != nil {
 				rids[i] = pgtype.Text{String: *l.RequestID, Valid: true}
 			}
-			users[i], models[i], statuses[i] = l.UserID, l.ModelID, string(l.BillingStatus)
-			in[i], out[i], oin[i], oout[i] = l.InputTokens, l.OutputTokens, l.Overage.InputTokens, l.Overage.OutputTokens
+			users[i], models[i], statuses[i] = pgString(l.UserID), pgString(l.ModelID), pgString(l.BillingStatus)
+			in[i], out[i] = pgInt8(l.InputTokens), pgInt8(l.OutputTokens)
+			oin[i], oout[i] = pgInt8(l.Overage.InputTokens), pgInt8(l.Overage.OutputTokens)
 		}
 		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at)
