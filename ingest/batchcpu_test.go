@@ -91,3 +91,33 @@ func BenchmarkBatchServeCPU(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkNewLogs is the usage logs of a 1,000-event batch, half of them
+// with overage, as the transaction builds them between its reads and its
+// writes.
+func BenchmarkNewLogs(b *testing.B) {
+	now := time.Date(2026, 11, 30, 10, 1, 0, 0, time.UTC)
+	tenant := uuid.New()
+	events, err := parseBatch(benchBatchBody(MaxBatchEvents), now, tenant)
+	if err != nil {
+		b.Fatal(err)
+	}
+	period := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	req := request{tenantID: tenant, events: events}
+	fresh := make([]int, len(events))
+	for i := range fresh {
+		fresh[i] = i
+	}
+	results := make([]result, len(events))
+	for b.Loop() {
+		st := &state{now: now, periods: make([]time.Time, len(events)),
+			allowance: overage.Overage{InputTokens: 250_000, OutputTokens: 100_000},
+			totals:    map[time.Time]*overage.Overage{period: {}}}
+		for i := range st.periods {
+			st.periods[i] = period
+		}
+		if _, err := st.newLogs(req, fresh, results); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
