@@ -386,7 +386,14 @@ func compareUTF16(a, b string) int {
 // appendCanonicalString is writeCanonicalString for a byte slice.
 func appendCanonicalString(b []byte, s string) []byte {
 	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
+	// Most strings need no escape: copied at once up to the first that
+	// does.
+	i := 0
+	for i < len(s) && s[i] >= 0x20 && s[i] != '"' && s[i] != '\\' {
+		i++
+	}
+	b = append(b, s[:i]...)
+	for ; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '"':
