@@ -35,9 +35,13 @@ func (t *pgTimestamptz) TimestamptzValue() (pgtype.Timestamptz, error) {
 // pgInt8 is a bigint array element.
 type pgInt8 int64
 
-func (n *pgInt8) Int64Value() (pgtype.Int8, error) { return pgtype.Int8{Int64: int64(*n), Valid: true}, nil }
+func (n *pgInt8) Int64Value() (pgtype.Int8, error) {
+	return pgtype.Int8{Int64: int64(*n), Valid: true}, nil
+}
 
 // pgString is a text array element.
 type pgString string
 
-func (s *pgString) TextValue() (pgtype.Text, error) { return pgtype.Text{String: string(*s), Valid: true}, nil }
+func (s *pgString) TextValue() (pgtype.Text, error) {
+	return pgtype.Text{String: string(*s), Valid: true}, nil
+}
