@@ -36,7 +36,7 @@ chaos: ## the fault tests at full size: 2,000 events with workers SIGKILLed and 
 
 # Each fuzz target with its package; `make test` runs their corpora
 # (testdata/fuzz/...) as ordinary tests.
-FUZZ_TARGETS := ./ingest:FuzzCanonicalJSON ./ingest:FuzzFingerprintIsSameRequest ./ingest:FuzzParseEvent \
+FUZZ_TARGETS := ./ingest:FuzzCanonicalJSON ./ingest:FuzzFingerprintIsSameRequest ./ingest:FuzzParseEvent ./ingest:FuzzFastParse ./ingest:FuzzRenderString \
 	./ingest:FuzzIdempotencyKey ./ingest:FuzzCreateUsageEvent ./webhooks:FuzzWebhookPayload
 FUZZTIME ?= 1m
 

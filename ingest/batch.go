@@ -17,14 +17,23 @@ const (
 	maxBatchBytes  = 1 << 20
 )
 
-// parseBatch decodes and validates a batch body {"events": [...]}, all or
+// parseBatch decodes and validates a batch body {"events": [...]}: through
+// parseBatchFast when it understands the body, else parseBatchViaDecoder.
+func parseBatch(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, error) {
+	if events, ok := parseBatchFast(body, now, tenantID); ok {
+		return events, nil
+	}
+	return parseBatchViaDecoder(body, now, tenantID)
+}
+
+// parseBatchViaDecoder decodes and validates a batch body, all or
 // nothing: every problem of every event is reported at once, named
 // events[<index>].<field>. Syntax problems (malformed JSON, an event that
 // is not an object, unknown fields) make it EMALFORMED (400), anything
 // else EINVALID (422). Every event must carry a request_id, unique in the
 // batch, so a client that regroups a failed batch under a new key can never
 // have an event recorded twice.
-func parseBatch(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, error) {
+func parseBatchViaDecoder(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, error) {
 	raw, err := decodeObject(body, `the body must be a JSON object {"events": [...]}`)
 	if err != nil {
 		return nil, err
@@ -50,7 +59,7 @@ func parseBatch(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, error
 	named := map[int]bool{} // indexes already named for a repeated request_id
 	for i, item := range items {
 		prefix := fmt.Sprintf("events[%d].", i)
-		ev, err := parseEvent(item, now)
+		ev, err := parseEventViaDecoder(item, now)
 		if err != nil {
 			e := overage.AsError(err)
 			if e.Code == overage.EMALFORMED {

@@ -19,7 +19,7 @@ func canonicalOnePass(data []byte) (canon []byte, ok bool) {
 	if !utf8.Valid(data) {
 		return nil, false
 	}
-	p := onePass{data: data, out: make([]byte, 0, len(data))}
+	p := onePass{data: data, s: string(data), out: make([]byte, 0, len(data))}
 	p.space()
 	if !p.value(0) {
 		return nil, false
@@ -37,8 +37,16 @@ const maxOnePassDepth = 256
 
 type onePass struct {
 	data []byte
-	i    int
-	out  []byte
+	// s holds the same bytes, so a name without escapes is a slice of it
+	// rather than an allocation.
+	s   string
+	i   int
+	out []byte
+	// members is a stack of the members of the objects being read, and
+	// scratch the copy of an object's values while they are reordered:
+	// both reused, so an object costs no allocation once they have grown.
+	members []member
+	scratch []byte
 }
 
 func (p *onePass) space() {
@@ -139,7 +147,7 @@ func (p *onePass) object(depth int) bool {
 	// Values are written after base as they come, then moved into name
 	// order.
 	base := len(p.out)
-	var members []member
+	first := len(p.members)
 	for {
 		p.space()
 		if p.i >= len(p.data) || p.data[p.i] != '"' {
@@ -159,7 +167,7 @@ func (p *onePass) object(depth int) bool {
 		if !p.value(depth + 1) {
 			return false
 		}
-		members = append(members, member{name: name, start: start, end: len(p.out)})
+		p.members = append(p.members, member{name: name, start: start, end: len(p.out)})
 		p.space()
 		if p.i >= len(p.data) {
 			return false
@@ -174,13 +182,19 @@ func (p *onePass) object(depth int) bool {
 		p.i++
 		break
 	}
-	slices.SortFunc(members, func(a, b member) int { return compareUTF16(a.name, b.name) })
+	// Nested objects were read, and their members popped, before this
+	// one's end.
+	members := p.members[first:]
+	if !slices.IsSortedFunc(members, compareMembers) {
+		slices.SortFunc(members, compareMembers)
+	}
 	for k := 1; k < len(members); k++ {
 		if members[k].name == members[k-1].name {
 			return false // a duplicate name: the decoder path says so
 		}
 	}
-	values := slices.Clone(p.out[base:])
+	p.scratch = append(p.scratch[:0], p.out[base:]...)
+	values := p.scratch
 	p.out = append(p.out[:base], '{')
 	for k, m := range members {
 		if k > 0 {
@@ -191,6 +205,7 @@ func (p *onePass) object(depth int) bool {
 		p.out = append(p.out, values[m.start-base:m.end-base]...)
 	}
 	p.out = append(p.out, '}')
+	p.members = p.members[:first]
 	return true
 }
 
@@ -203,7 +218,7 @@ func (p *onePass) str() (string, bool) {
 	for p.i < len(p.data) {
 		c := p.data[p.i]
 		if c == '"' {
-			s := string(p.data[start:p.i])
+			s := p.s[start:p.i]
 			p.i++
 			return s, true
 		}
@@ -312,11 +327,22 @@ func (p *onePass) number() bool {
 		}
 		return n
 	}
+	intStart := p.i
 	switch {
 	case p.i < len(d) && d[p.i] == '0':
 		p.i++
 	case digits() == 0:
 		return false
+	}
+	// An integer of up to 15 digits is exactly a float64, which ECMAScript
+	// prints as those digits: the common case needs no conversion.
+	if p.i-intStart <= 15 && (p.i >= len(d) || (d[p.i] != '.' && d[p.i] != 'e' && d[p.i] != 'E')) {
+		if p.s[start:p.i] == "-0" {
+			p.out = append(p.out, '0')
+		} else {
+			p.out = append(p.out, d[start:p.i]...)
+		}
+		return true
 	}
 	if p.i < len(d) && d[p.i] == '.' {
 		p.i++
@@ -333,13 +359,15 @@ func (p *onePass) number() bool {
 			return false
 		}
 	}
-	f, err := strconv.ParseFloat(string(d[start:p.i]), 64)
+	f, err := strconv.ParseFloat(p.s[start:p.i], 64)
 	if err != nil {
 		return false
 	}
 	p.out = append(p.out, es6Number(f)...)
 	return true
 }
+
+func compareMembers(a, b member) int { return compareUTF16(a.name, b.name) }
 
 // compareUTF16 orders names by UTF-16 code units, as RFC 8785 sorts them.
 // Below U+E000 that is the order of the UTF-8 bytes.
@@ -358,7 +386,14 @@ func compareUTF16(a, b string) int {
 // appendCanonicalString is writeCanonicalString for a byte slice.
 func appendCanonicalString(b []byte, s string) []byte {
 	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
+	// Most strings need no escape: copied at once up to the first that
+	// does.
+	i := 0
+	for i < len(s) && s[i] >= 0x20 && s[i] != '"' && s[i] != '\\' {
+		i++
+	}
+	b = append(b, s[:i]...)
+	for ; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '"':

@@ -19,6 +19,10 @@ func TestCanonicalJSON(t *testing.T) {
 		// surrogate pair starting 0xD83D) only in UTF-16, not in UTF-8.
 		{`{"\ufb33":2,"😀":1}`, "{\"😀\":1,\"\uFB33\":2}"},
 		{`{"a":{"z":null,"y":true}}`, `{"a":{"y":true,"z":null}}`},
+		// Integers of up to 15 digits are copied; longer ones are rounded
+		// to a float64 as ECMAScript does.
+		{`[-0,0,-12,999999999999999,1234567890123456789,10000000000000001]`, `[0,0,-12,999999999999999,1234567890123456800,10000000000000000]`},
+		{`{"b":{"d":1,"c":2},"a":[{"f":1,"e":2}]}`, `{"a":[{"e":2,"f":1}],"b":{"c":2,"d":1}}`},
 	}
 	for _, c := range cases {
 		got, err := canonicalJSON([]byte(c.in))
@@ -27,6 +31,9 @@ func TestCanonicalJSON(t *testing.T) {
 		}
 		if string(got) != c.want {
 			t.Errorf("canonicalJSON(%s) = %s, want %s", c.in, got, c.want)
+		}
+		if ref, err := canonicalViaDecoder([]byte(c.in)); err != nil || string(ref) != c.want {
+			t.Errorf("canonicalViaDecoder(%s) = %s, %v; want %s", c.in, ref, err, c.want)
 		}
 	}
 	if _, err := canonicalJSON([]byte(`{} {}`)); err == nil {

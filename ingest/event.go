@@ -43,9 +43,19 @@ var knownFields = map[string]bool{
 	"input_tokens": true, "output_tokens": true, "tenant_id": true, "stream": true,
 }
 
-// parseEvent decodes and validates a body, reporting every problem at once.
-// Syntax errors are EMALFORMED (400); rule violations are EINVALID (422).
+// parseEvent decodes and validates a body: through parseEventFast when it
+// understands the body, else parseEventViaDecoder.
 func parseEvent(body []byte, now time.Time) (*Event, error) {
+	if ev, ok := parseEventFast(body, now); ok {
+		return ev, nil
+	}
+	return parseEventViaDecoder(body, now)
+}
+
+// parseEventViaDecoder decodes and validates a body, reporting every
+// problem at once. Syntax errors are EMALFORMED (400); rule violations are
+// EINVALID (422).
+func parseEventViaDecoder(body []byte, now time.Time) (*Event, error) {
 	raw, err := decodeObject(body, "the body must be a JSON object")
 	if err != nil {
 		return nil, err

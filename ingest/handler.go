@@ -173,7 +173,7 @@ func readKeyAndBody(r *http.Request, limit int64) (string, []byte, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, limit))
+	body, err := readAll(http.MaxBytesReader(nil, r.Body, limit), r.ContentLength, limit)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -245,4 +245,28 @@ func outcomeOf(out *Outcome, err error) string {
 		return metrics.IngestUnavailable
 	}
 	return metrics.IngestError
+}
+
+// readAll is io.ReadAll into a buffer of the declared Content-Length (when
+// within limit): io.ReadAll starts at 512 bytes and grows, copying a batch
+// body of 100 KB and more some ten times.
+func readAll(rd io.Reader, contentLength, limit int64) ([]byte, error) {
+	if contentLength <= 0 || contentLength > limit {
+		return io.ReadAll(rd)
+	}
+	// One byte more, so the read that finds EOF needs no new buffer.
+	b := make([]byte, 0, contentLength+1)
+	for {
+		n, err := rd.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
 }

@@ -1,8 +1,10 @@
 package ingest
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
@@ -15,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
@@ -281,13 +284,13 @@ const periodsSQL = `
 // else its calendar month in UTC.
 func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state, error) {
 	st := &state{slot: slot, earlier: map[string]*overage.UsageLog{}, totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}}
-	var rids []string
-	ts := make([]time.Time, len(req.events))
+	var rids pgArray[pgString]
+	ts := make(pgArray[pgTimestamptz], len(req.events))
 	for i, ev := range req.events {
 		if ev.RequestID != nil {
-			rids = append(rids, *ev.RequestID)
+			rids = append(rids, pgString(*ev.RequestID))
 		}
-		ts[i] = ev.Timestamp
+		ts[i] = pgTimestamptz(ev.Timestamp)
 	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
@@ -297,11 +300,11 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 	}
 	b.Queue(beginSQL, slot, lockKey(req.tenantID, req.key), planMode)
 	b.Queue(`SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
-		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
+		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, pgUUID(req.tenantID), req.key)
 	if len(rids) > 0 {
-		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = ANY($2)`, req.tenantID, rids)
+		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = ANY($2)`, pgUUID(req.tenantID), rids)
 	}
-	b.Queue(periodsSQL, req.tenantID, ts)
+	b.Queue(periodsSQL, pgUUID(req.tenantID), ts)
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	if _, err := br.Exec(); err != nil {
@@ -338,9 +341,12 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 	if err != nil {
 		return nil, fmt.Errorf("read allowance periods: %w", err)
 	}
+	// One row an event, but as many totals as periods: scanned into the
+	// same variables, copied once a period.
+	var start time.Time
+	var tot overage.Overage
+	st.periods = make([]time.Time, 0, len(req.events))
 	for rows.Next() {
-		var start time.Time
-		var tot overage.Overage
 		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
 			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now); err != nil {
 			rows.Close()
@@ -348,7 +354,10 @@ func readState(ctx context.Context, tx *pipeTx, req request, slot int16) (*state
 		}
 		start, st.now = start.UTC(), st.now.UTC()
 		st.periods = append(st.periods, start)
-		st.totals[start] = &tot
+		if _, ok := st.totals[start]; !ok {
+			t := tot
+			st.totals[start] = &t
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -400,7 +409,7 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, req request, fresh []int)
 		b.Queue(`SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, l.a, l.b)
 	}
 	b.Queue(`SELECT period_start, sum(input_tokens)::bigint, sum(output_tokens)::bigint FROM allowance_usage
-		WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY period_start`, req.tenantID, open)
+		WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY period_start`, pgUUID(req.tenantID), open)
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	for range locks {
@@ -446,15 +455,27 @@ func (st *state) newLogs(req request, fresh []int, results []result) (*writes, e
 	over := func(before, tokens, allowance int64) int64 {
 		return max(0, before+tokens-allowance) - max(0, before-allowance)
 	}
-	for _, i := range fresh {
+	// The random bits of every id in one read of crypto/rand rather than
+	// one each (half of this function's time), and one allocation for the
+	// logs of a batch, not one each.
+	random := make([]byte, 16*len(fresh))
+	if _, err := rand.Read(random); err != nil {
+		return nil, fmt.Errorf("usage log ids: %w", err)
+	}
+	randomIDs := bytes.NewReader(random)
+	logs := make([]overage.UsageLog, len(fresh))
+	w.logs = make([]*overage.UsageLog, 0, len(fresh))
+	w.periods = make([]time.Time, 0, len(fresh))
+	for k, i := range fresh {
 		ev := req.events[i]
 		p := st.periods[i]
 		tot := st.totals[p]
-		id, err := uuid.NewV7()
+		id, err := uuid.NewV7FromReader(randomIDs)
 		if err != nil {
 			return nil, fmt.Errorf("usage log id: %w", err)
 		}
-		l := &overage.UsageLog{
+		l := &logs[k]
+		*l = overage.UsageLog{
 			ID: id, TenantID: req.tenantID, RequestID: ev.RequestID, Timestamp: ev.Timestamp,
 			UserID: ev.UserID, ModelID: ev.ModelID, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens,
 			Overage: overage.Overage{
@@ -495,7 +516,7 @@ func (st *state) newLogs(req request, fresh []int, results []result) (*writes, e
 func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, out *Outcome) error {
 	b := &pgx.Batch{}
 	if st.found { // expired: the key starts a new request
-		b.Queue(`DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, req.tenantID, req.key)
+		b.Queue(`DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, pgUUID(req.tenantID), req.key)
 	}
 	if len(w.logs) > 0 {
 		queueUsedUpGuard(b, req.tenantID, st, w.deltaOrder)
@@ -513,17 +534,21 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, o
 			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
 			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
 			    output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-			req.tenantID, starts, ordered, ins, outs, st.slot)
+			pgUUID(req.tenantID), starts, ordered, ins, outs, st.slot)
 
 		m := len(w.logs)
-		ids, rids := make([]uuid.UUID, m), make([]*string, m)
-		tss, periods := make([]time.Time, m), make([]time.Time, m)
-		users, models, statuses := make([]string, m), make([]string, m), make([]string, m)
-		in, out, oin, oout := make([]int64, m), make([]int64, m), make([]int64, m), make([]int64, m)
+		ids, rids := make(pgArray[pgtype.UUID], m), make(pgArray[pgtype.Text], m)
+		tss, periods := make(pgArray[pgTimestamptz], m), make(pgArray[pgTimestamptz], m)
+		users, models, statuses := make(pgArray[pgString], m), make(pgArray[pgString], m), make(pgArray[pgString], m)
+		in, out, oin, oout := make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m)
 		for i, l := range w.logs {
-			ids[i], rids[i], tss[i], periods[i] = l.ID, l.RequestID, l.Timestamp, w.periods[i]
-			users[i], models[i], statuses[i] = l.UserID, l.ModelID, string(l.BillingStatus)
-			in[i], out[i], oin[i], oout[i] = l.InputTokens, l.OutputTokens, l.Overage.InputTokens, l.Overage.OutputTokens
+			ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])
+			if l.RequestID != nil {
+				rids[i] = pgtype.Text{String: *l.RequestID, Valid: true}
+			}
+			users[i], models[i], statuses[i] = pgString(l.UserID), pgString(l.ModelID), pgString(l.BillingStatus)
+			in[i], out[i] = pgInt8(l.InputTokens), pgInt8(l.OutputTokens)
+			oin[i], oout[i] = pgInt8(l.Overage.InputTokens), pgInt8(l.Overage.OutputTokens)
 		}
 		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at)
@@ -532,12 +557,12 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, req request, st *state, o
 				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[])
 				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status)
 			ORDER BY u.rid COLLATE "C"`,
-			req.tenantID, ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now)
+			pgUUID(req.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now)
 	}
 	b.Queue(`INSERT INTO idempotency_keys
 		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
 		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
-		req.tenantID, req.key, req.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds())
+		pgUUID(req.tenantID), req.key, req.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds())
 	b.Queue(`COMMIT`)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		var pgErr *pgconn.PgError
@@ -600,14 +625,19 @@ func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []tim
 	b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
 			SELECT period_start FROM allowance_usage WHERE tenant_id = $1 AND period_start = ANY($2)
 			GROUP BY period_start HAVING sum(input_tokens) < $3 OR sum(output_tokens) < $4) AS given_back`,
-		tenantID, unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
+		pgUUID(tenantID), unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
 }
 
-func nullID(id uuid.UUID) *uuid.UUID {
-	if id == uuid.Nil {
-		return nil
-	}
-	return &id
+// nullID is id as an SQL argument, NULL for uuid.Nil.
+func nullID(id uuid.UUID) pgtype.UUID {
+	return pgtype.UUID{Bytes: id, Valid: id != uuid.Nil}
+}
+
+// pgUUID is id as an SQL argument pgx encodes directly: a uuid.UUID goes
+// through driver.Valuer, its text, a failed encode and a re-parse (2.3 us
+// an id against 0.07 us, go test -bench in pgx's pgtype.Map.Encode).
+func pgUUID(id uuid.UUID) pgtype.UUID {
+	return pgtype.UUID{Bytes: id, Valid: true}
 }
 
 // renderSingle answers one event: 202 with a new log, or 200 with the log
@@ -615,9 +645,13 @@ func nullID(id uuid.UUID) *uuid.UUID {
 // billed). Both are deterministic, so both are stored under the key.
 func renderSingle(results []result) (*Outcome, error) {
 	r := results[0]
-	body, err := json.Marshal(logResponse{UsageLog: r.log, Duplicate: r.duplicate})
-	if err != nil {
-		return nil, fmt.Errorf("render usage log: %w", err)
+	resp := logResponse{UsageLog: r.log, Duplicate: r.duplicate}
+	body, ok := appendLogResponse(make([]byte, 0, 512), &resp)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(resp); err != nil {
+			return nil, fmt.Errorf("render usage log: %w", err)
+		}
 	}
 	if r.duplicate {
 		return &Outcome{Status: http.StatusOK, Body: body, Kind: OutcomeDuplicate, UsageLogID: r.log.ID}, nil
@@ -650,9 +684,12 @@ func renderBatch(results []result) (*Outcome, error) {
 			resp.Created++
 		}
 	}
-	body, err := json.Marshal(resp)
-	if err != nil {
-		return nil, fmt.Errorf("render batch: %w", err)
+	body, ok := appendBatchResponse(make([]byte, 0, batchResponseSize(results)), &resp)
+	if !ok {
+		var err error
+		if body, err = json.Marshal(resp); err != nil {
+			return nil, fmt.Errorf("render batch: %w", err)
+		}
 	}
 	return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew}, nil
 }
@@ -735,7 +772,16 @@ func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 // carries it: the report led by leads[i] (nil until the log joins one), and
 // when Stripe accepted it.
 func meterEvents(o overage.Overage, leads [2]*uuid.UUID, accepted [2]*time.Time) []overage.StripeEvent {
-	var out []overage.StripeEvent
+	n := 0
+	for _, d := range overage.Dimensions {
+		if o.Of(d) != 0 {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]overage.StripeEvent, 0, n)
 	for i, d := range overage.Dimensions {
 		if v := o.Of(d); v != 0 {
 			e := overage.StripeEvent{Dimension: d, Value: v, AcceptedAt: accepted[i]}

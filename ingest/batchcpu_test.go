@@ -1,0 +1,123 @@
+package ingest
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/overage-billing/overage"
+)
+
+// benchBatchBody is a batch of n events as the ingest bench sends them.
+func benchBatchBody(n int) []byte {
+	var sb strings.Builder
+	sb.WriteString(`{"events":[`)
+	for i := range n {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `{"request_id":"req-%d","user_id":"user-%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d,"timestamp":"2026-11-30T10:00:00.123456Z"}`, i, i%7, 100+i, 50+i)
+	}
+	sb.WriteString(`]}`)
+	return []byte(sb.String())
+}
+
+// benchResults are the results newLogs would give events: every log new,
+// half of them with overage.
+func benchResults(tenant uuid.UUID, events []*Event, now time.Time) []result {
+	results := make([]result, len(events))
+	for i, ev := range events {
+		l := &overage.UsageLog{
+			ID: uuid.Must(uuid.NewV7()), TenantID: tenant, RequestID: ev.RequestID, Timestamp: ev.Timestamp,
+			UserID: ev.UserID, ModelID: ev.ModelID, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens,
+			BillingStatus: overage.BillingStatusNotBillable, CreatedAt: now, Kind: overage.KindUsage,
+		}
+		if i%2 == 1 {
+			l.Overage = overage.Overage{InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens / 2}
+			l.BillingStatus = overage.BillingStatusPending
+		}
+		l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
+		results[i] = result{log: l}
+	}
+	return results
+}
+
+// BenchmarkBatchServeCPU is what serve's own code does with a 1,000-event
+// batch besides the database: parse, fingerprint, render the answer.
+func BenchmarkBatchServeCPU(b *testing.B) {
+	body := benchBatchBody(MaxBatchEvents)
+	now := time.Date(2026, 11, 30, 10, 1, 0, 0, time.UTC)
+	tenant := uuid.New()
+	events, err := parseBatch(body, now, tenant)
+	if err != nil {
+		b.Fatal(err)
+	}
+	results := benchResults(tenant, events, now)
+	b.Run("parse", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := parseBatch(body, now, tenant); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fingerprint", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := fingerprint("POST", "/v1/usage-events/batch", body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("render", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := renderBatch(results); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("all", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := parseBatch(body, now, tenant); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := fingerprint("POST", "/v1/usage-events/batch", body); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := renderBatch(results); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkNewLogs is the usage logs of a 1,000-event batch, half of them
+// with overage, as the transaction builds them between its reads and its
+// writes.
+func BenchmarkNewLogs(b *testing.B) {
+	now := time.Date(2026, 11, 30, 10, 1, 0, 0, time.UTC)
+	tenant := uuid.New()
+	events, err := parseBatch(benchBatchBody(MaxBatchEvents), now, tenant)
+	if err != nil {
+		b.Fatal(err)
+	}
+	period := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	req := request{tenantID: tenant, events: events}
+	fresh := make([]int, len(events))
+	for i := range fresh {
+		fresh[i] = i
+	}
+	results := make([]result, len(events))
+	for b.Loop() {
+		st := &state{now: now, periods: make([]time.Time, len(events)),
+			allowance: overage.Overage{InputTokens: 250_000, OutputTokens: 100_000},
+			totals:    map[time.Time]*overage.Overage{period: {}}}
+		for i := range st.periods {
+			st.periods[i] = period
+		}
+		if _, err := st.newLogs(req, fresh, results); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
