@@ -327,9 +327,9 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 
 // state is what an ingest transaction read before deciding.
 type state struct {
-	locked  []bool                    // per member: its key's lock was taken
-	recs    map[string]storedResponse // the members' stored records, by key
-	expired []string                  // keys of expired records to replace
+	locked  []bool                       // per member: its key's lock was taken
+	recs    map[string]storedResponse    // the members' stored records, by key
+	expired []string                     // keys of expired records to replace
 	earlier map[string]*overage.UsageLog // by request_id
 	// The tenant's allowance, the transaction's now() (created_at of its
 	// logs), each event's allowance period, and each period's total.
