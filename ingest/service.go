@@ -75,9 +75,19 @@ func NewService(pool *pgxpool.Pool, ob *outbox.Inserter) *Service {
 	return s
 }
 
-// DisableCoalescing makes every single event its own transaction
-// (INGEST_COALESCE=0), as before group commit; for comparison only.
-func (s *Service) DisableCoalescing() { s.coalesce = nil }
+// DefaultGroupsInFlight is how many transactions of one tenant run at once
+// before its single events wait to be coalesced (INGEST_COALESCE).
+const DefaultGroupsInFlight = defaultGroupsInFlight
+
+// SetCoalescing lets inFlight transactions of one tenant run at once before
+// its single events are coalesced; 0 records every single event in its own
+// transaction, as before group commit (INGEST_COALESCE=0, for comparison).
+func (s *Service) SetCoalescing(inFlight int) {
+	s.coalesce = nil
+	if inFlight > 0 {
+		s.coalesce = newCoalescer(s, inFlight, maxGroupEvents)
+	}
+}
 
 // Outcome is the response to send for a usage event.
 type Outcome struct {
