@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -138,7 +139,7 @@ func (c *coalescer) run(ctx context.Context, tenantID uuid.UUID, g []*waiter) {
 	if c.svc.onGroup != nil {
 		c.svc.onGroup(len(members))
 	}
-	answers, err := c.svc.executeGroup(ctx, newGroup(tenantID, members))
+	answers, err := c.execute(ctx, tenantID, members)
 	for i, w := range g {
 		if err != nil {
 			w.err = err
@@ -158,6 +159,20 @@ func (c *coalescer) run(ctx context.Context, tenantID uuid.UUID, g []*waiter) {
 	c.mu.Unlock()
 	if next != nil {
 		// Not on this goroutine: it serves its own request, answered above.
-		go c.run(ctx, tenantID, next)
+		// Nor under its request's context, whose values end with it.
+		go c.run(context.Background(), tenantID, next)
 	}
+}
+
+// execute runs the group's transaction. A panic in it becomes every
+// member's error: left to unwind, it would leave the members waiting and
+// the tenant's queue counting a transaction that never ends (or, on a
+// goroutine of run's own, stop the process).
+func (c *coalescer) execute(ctx context.Context, tenantID uuid.UUID, members []*groupMember) (answers []answer, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			answers, err = nil, fmt.Errorf("ingest group of %d events: panic: %v", len(members), r)
+		}
+	}()
+	return c.svc.executeGroup(ctx, newGroup(tenantID, members))
 }

@@ -265,6 +265,15 @@ func TestCoalescedSameRequestIDUnderManyKeysRecordsOnce(t *testing.T) {
 	if created != 1 {
 		t.Fatalf("%d answers created the log, want 1", created)
 	}
+	// A duplicate answered in the group that recorded the log is the one a
+	// transaction of its own gives afterwards.
+	later := b.post(t, b.alice.APIKey, "later", body)
+	requireStatus(t, later, http.StatusOK)
+	for i, r := range answers {
+		if r.status == http.StatusOK && !bytes.Equal(r.body, later.body) {
+			t.Fatalf("duplicate %d in the group differs from one after it:\n%s\n%s", i, r.body, later.body)
+		}
+	}
 	if got := b.count(t, "SELECT count(*) FROM usage_logs WHERE request_id = 'chatcmpl-shared'"); got != 1 {
 		t.Fatalf("%d logs of the request_id, want 1", got)
 	}
@@ -448,5 +457,23 @@ func TestCoalescedMemberHangingUp(t *testing.T) {
 	}
 	if got := b.count(t, "SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'waiter'"); got != 0 {
 		t.Fatal("the event whose client hung up while pending was recorded")
+	}
+}
+
+// A panic inside a group's transaction answers its members with an error
+// and leaves the tenant's queue working.
+func TestCoalescedGroupPanicAnswersAndMovesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var once sync.Once
+	ingest.SetBeforeWrites(b.svc, func(context.Context) error {
+		once.Do(func() { panic("injected") })
+		return nil
+	})
+	requireProblem(t, b.post(t, b.alice.APIKey, "k1", event(1, 1)), http.StatusInternalServerError, "internal")
+	requireStatus(t, b.post(t, b.alice.APIKey, "k2", event(1, 1)), http.StatusAccepted)
+	requireStatus(t, b.post(t, b.alice.APIKey, "k1", event(1, 1)), http.StatusAccepted)
+	if b.logs(t) != 2 || b.records(t) != 2 {
+		t.Fatalf("logs/records = %d/%d, want 2/2", b.logs(t), b.records(t))
 	}
 }
