@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -25,9 +26,17 @@ import (
 // list (up to maxGroupEvents).
 // Checkpoints, corrections and batches are not coalesced.
 //
+// A request whose key is already pending or in a running group of its
+// tenant answers 409 in progress at once, as it would on meeting the key's
+// lock: two requests under one key never share a group, nor wait on each
+// other.
+//
 // The group's transaction is no member's: a client that hangs up does not
-// cancel the others' (lockTimeout bounds it). A member whose context ends
-// while still pending leaves the list with its context's error.
+// cancel the others'. It ends by the earliest deadline among its members
+// (they arrive one after another under the same request timeout, so
+// that is about the first one's) and within lockTimeout. A member whose
+// context ends while still pending leaves the list: nothing of it was
+// recorded.
 
 // defaultGroupsInFlight is how many transactions of one tenant run at once
 // before its events wait to be coalesced. One: on a CPU-bound machine the
@@ -56,15 +65,17 @@ type coalescer struct {
 type tenantQueue struct {
 	running int
 	pending []*waiter
+	keys    map[string]bool // of the events pending or in a running group
 }
 
 // waiter is one event waiting for its group's answer.
 type waiter struct {
-	m     *groupMember
-	taken bool // in a group: its answer will come
-	done  chan struct{}
-	out   *Outcome
-	err   error
+	m        *groupMember
+	deadline time.Time // its request's, if any
+	taken    bool      // in a group: its answer will come
+	done     chan struct{}
+	out      *Outcome
+	err      error
 }
 
 func newCoalescer(s *Service, inFlight, maxEvents int) *coalescer {
@@ -74,12 +85,18 @@ func newCoalescer(s *Service, inFlight, maxEvents int) *coalescer {
 // record executes m in the next group of its tenant and returns its answer.
 func (c *coalescer) record(ctx context.Context, tenantID uuid.UUID, m *groupMember) (*Outcome, error) {
 	w := &waiter{m: m, done: make(chan struct{})}
+	w.deadline, _ = ctx.Deadline()
 	c.mu.Lock()
 	q := c.tenants[tenantID]
 	if q == nil {
-		q = &tenantQueue{}
+		q = &tenantQueue{keys: map[string]bool{}}
 		c.tenants[tenantID] = q
 	}
+	if q.keys[m.key] {
+		c.mu.Unlock()
+		return nil, errInProgress()
+	}
+	q.keys[m.key] = true
 	q.pending = append(q.pending, w)
 	var g []*waiter
 	if q.running < c.inFlight {
@@ -88,7 +105,7 @@ func (c *coalescer) record(ctx context.Context, tenantID uuid.UUID, m *groupMemb
 	}
 	c.mu.Unlock()
 	if g != nil {
-		c.run(context.WithoutCancel(ctx), tenantID, g)
+		c.run(tenantID, g)
 	}
 	select {
 	case <-w.done:
@@ -98,8 +115,10 @@ func (c *coalescer) record(ctx context.Context, tenantID uuid.UUID, m *groupMemb
 	c.mu.Lock()
 	if !w.taken {
 		q.pending = slices.DeleteFunc(q.pending, func(x *waiter) bool { return x == w })
+		delete(q.keys, m.key)
 		c.mu.Unlock()
-		return nil, ctx.Err()
+		// A deadline passed: 503, retry under the same key.
+		return nil, dbError(fmt.Errorf("wait for the tenant's ingest transaction: %w", ctx.Err()))
 	}
 	c.mu.Unlock()
 	// Its group is running: the answer comes within lockTimeout.
@@ -108,33 +127,39 @@ func (c *coalescer) record(ctx context.Context, tenantID uuid.UUID, m *groupMemb
 }
 
 // take removes the next group from q's pending list, in arrival order: at
-// most maxEvents events, and no key twice — a second request under a key
-// waits for the next group, where it meets the first's stored answer (or
-// its lock, 409 in progress, as a concurrent request would).
+// most maxEvents events (their keys are distinct: see record).
 func (c *coalescer) take(q *tenantQueue) []*waiter {
-	var g, rest []*waiter
-	events := 0
+	n, events := 0, 0
 	for _, w := range q.pending {
-		if (events+len(w.m.events) > c.maxEvents && len(g) > 0) ||
-			slices.ContainsFunc(g, func(x *waiter) bool { return x.m.key == w.m.key }) {
-			rest = append(rest, w)
-			continue
+		if events+len(w.m.events) > c.maxEvents && n > 0 {
+			break
 		}
 		w.taken = true
 		events += len(w.m.events)
-		g = append(g, w)
+		n++
 	}
-	q.pending = rest
+	g := q.pending[:n:n]
+	q.pending = slices.Clone(q.pending[n:])
 	return g
 }
 
 // run executes group g in one transaction, answers its members, and then
 // starts the tenant's next group if events are waiting, or counts one
 // transaction fewer in flight.
-func (c *coalescer) run(ctx context.Context, tenantID uuid.UUID, g []*waiter) {
+func (c *coalescer) run(tenantID uuid.UUID, g []*waiter) {
 	members := make([]*groupMember, len(g))
+	var deadline time.Time
 	for i, w := range g {
 		members[i] = w.m
+		if !w.deadline.IsZero() && (deadline.IsZero() || w.deadline.Before(deadline)) {
+			deadline = w.deadline
+		}
+	}
+	ctx := context.Background()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
 	}
 	if c.svc.onGroup != nil {
 		c.svc.onGroup(len(members))
@@ -150,6 +175,9 @@ func (c *coalescer) run(ctx context.Context, tenantID uuid.UUID, g []*waiter) {
 	}
 	c.mu.Lock()
 	q := c.tenants[tenantID]
+	for _, w := range g {
+		delete(q.keys, w.m.key)
+	}
 	var next []*waiter
 	if len(q.pending) > 0 {
 		next = c.take(q)
@@ -159,8 +187,7 @@ func (c *coalescer) run(ctx context.Context, tenantID uuid.UUID, g []*waiter) {
 	c.mu.Unlock()
 	if next != nil {
 		// Not on this goroutine: it serves its own request, answered above.
-		// Nor under its request's context, whose values end with it.
-		go c.run(context.Background(), tenantID, next)
+		go c.run(tenantID, next)
 	}
 }
 

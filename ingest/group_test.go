@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
 )
 
@@ -201,7 +202,12 @@ func TestCoalescedSameKeyRecordsOnce(t *testing.T) {
 		return fmt.Sprintf("own-%d", i)
 	}
 	wait := posted(n, func(i int) response { return b.post(t, b.alice.APIKey, key(i), event(100, 10)) })
-	waitFor(t, "every event pending", func() bool { return ingest.Pending(b.svc, b.alice.ID) == n })
+	// The first request under the shared key waits for a group; the others
+	// answer 409 in progress at once, as on meeting its lock.
+	waitFor(t, "every event pending", func() bool { return ingest.Pending(b.svc, b.alice.ID) == n/2+1 })
+	// So does a request under a key whose transaction is running.
+	requireProblem(t, b.post(t, b.alice.APIKey, "blocker-0", `{"request_id":"blocker","user_id":"u","model_id":"m","input_tokens":1,"output_tokens":1}`),
+		http.StatusConflict, "idempotency-key-in-progress")
 	g.release()
 	blockers()
 	answers := wait()
@@ -446,6 +452,13 @@ func TestCoalescedMemberHangingUp(t *testing.T) {
 	if p := ingest.Pending(b.svc, b.alice.ID); p != 0 {
 		t.Fatalf("%d events pending after the waiter left, want 0", p)
 	}
+	// One whose request deadline passes while it waits is told to retry
+	// under the same key (503): nothing of it was recorded.
+	late, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if out, err := record(late, "late"); overage.AsError(err).Code != overage.EUNAVAILABLE {
+		t.Fatalf("a pending event past its deadline: %v, %v; want EUNAVAILABLE", out, err)
+	}
 	hangUpLeader()
 	g.release()
 	r := <-leader
@@ -455,7 +468,7 @@ func TestCoalescedMemberHangingUp(t *testing.T) {
 	if got := b.count(t, "SELECT count(*) FROM usage_logs WHERE id = $1", r.out.UsageLogID); got != 1 {
 		t.Fatal("the leader's log was not committed")
 	}
-	if got := b.count(t, "SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'waiter'"); got != 0 {
+	if got := b.count(t, "SELECT count(*) FROM idempotency_keys WHERE idempotency_key IN ('waiter', 'late')"); got != 0 {
 		t.Fatal("the event whose client hung up while pending was recorded")
 	}
 }

@@ -48,6 +48,15 @@ var beginSQL = `SELECT set_config('idle_in_transaction_session_timeout', '` + st
 // transaction takes milliseconds, so one second is ample.
 const retryAfterInProgress = time.Second
 
+// errInProgress answers a request whose key another request is executing.
+func errInProgress() error {
+	return &overage.Error{
+		Code: overage.ECONFLICT, Type: "idempotency-key-in-progress",
+		Message:    "a request with this Idempotency-Key is still being processed; retry after the Retry-After delay",
+		RetryAfter: retryAfterInProgress,
+	}
+}
+
 // Service records usage events.
 type Service struct {
 	pool   *pgxpool.Pool
@@ -259,11 +268,7 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 		case found && !rec.expired:
 			answers[i].out, answers[i].err = rec.replay(m.fingerprint)
 		case !st.locked[i]:
-			answers[i].err = &overage.Error{
-				Code: overage.ECONFLICT, Type: "idempotency-key-in-progress",
-				Message:    "a request with this Idempotency-Key is still being processed; retry after the Retry-After delay",
-				RetryAfter: retryAfterInProgress,
-			}
+			answers[i].err = errInProgress()
 		default:
 			if found { // expired: the key starts a new request
 				st.expired = append(st.expired, m.key)
