@@ -40,6 +40,10 @@ type Config struct {
 	// StreamIdleTimeout: a streamed response's checkpoints stop for this
 	// long and the workers close the stream (STREAM_IDLE_TIMEOUT).
 	StreamIdleTimeout time.Duration
+	// IngestCoalesce is how many ingest transactions of one tenant run at
+	// once before its single events are coalesced into the next
+	// (INGEST_COALESCE); 0 is the default, negative turns coalescing off.
+	IngestCoalesce int
 }
 
 // DefaultDatabaseURL is DATABASE_URL when it is unset.
@@ -134,6 +138,17 @@ func ReadConfig(getenv func(string) string) (*Config, BadVars) {
 	c.ReportBatchMax = num("REPORT_BATCH_MAX", workers.DefaultBatchMax)
 	c.AdminToken = getenv("ADMIN_TOKEN")
 	c.StreamIdleTimeout = dur("STREAM_IDLE_TIMEOUT", workers.DefaultStreamIdleTimeout)
+	if v := getenv("INGEST_COALESCE"); v != "" {
+		n, err := strconv.Atoi(v)
+		switch {
+		case err != nil || n < 0:
+			bad("INGEST_COALESCE", fmt.Errorf("INGEST_COALESCE=%q: want 0 (off) or a positive integer", v))
+		case n == 0:
+			c.IngestCoalesce = -1
+		default:
+			c.IngestCoalesce = n
+		}
+	}
 	if v := getenv("LOG_LEVEL"); v != "" {
 		if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 			bad("LOG_LEVEL", fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", v))

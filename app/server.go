@@ -228,7 +228,14 @@ func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx
 // NewIngest is the ingest service of `overage serve`: its report jobs go
 // in through rc with cfg's attempts and batch delay.
 func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
-	return ingest.NewService(pool, NewInserter(rc, cfg))
+	svc := ingest.NewService(pool, NewInserter(rc, cfg))
+	switch {
+	case cfg.IngestCoalesce < 0:
+		svc.SetCoalescing(0)
+	case cfg.IngestCoalesce > 0:
+		svc.SetCoalescing(cfg.IngestCoalesce)
+	}
+	return svc
 }
 
 // NewInserter puts report jobs in the outbox through rc with cfg's

@@ -103,7 +103,7 @@ func BenchmarkNewLogs(b *testing.B) {
 		b.Fatal(err)
 	}
 	period := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
-	req := request{tenantID: tenant, events: events}
+	g := &group{tenantID: tenant, events: events}
 	fresh := make([]int, len(events))
 	for i := range fresh {
 		fresh[i] = i
@@ -116,7 +116,7 @@ func BenchmarkNewLogs(b *testing.B) {
 		for i := range st.periods {
 			st.periods[i] = period
 		}
-		if _, err := st.newLogs(req, fresh, results); err != nil {
+		if _, err := st.newLogs(g, fresh, results); err != nil {
 			b.Fatal(err)
 		}
 	}

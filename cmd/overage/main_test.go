@@ -58,12 +58,12 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	t.Parallel()
 	_, err := app.LoadConfig(func(k string) string {
 		return map[string]string{"SWEEP_INTERVAL": "ten minutes", "REPORT_MAX_ATTEMPTS": "-1", "STRIPE_API_BASE": "localhost",
-			"STREAM_IDLE_TIMEOUT": "an hour"}[k]
+			"STREAM_IDLE_TIMEOUT": "an hour", "INGEST_COALESCE": "-1"}[k]
 	})
 	if err == nil {
 		t.Fatal("malformed configuration accepted")
 	}
-	for _, name := range []string{"SWEEP_INTERVAL", "REPORT_MAX_ATTEMPTS", "STRIPE_API_BASE", "STREAM_IDLE_TIMEOUT"} {
+	for _, name := range []string{"SWEEP_INTERVAL", "REPORT_MAX_ATTEMPTS", "STRIPE_API_BASE", "STREAM_IDLE_TIMEOUT", "INGEST_COALESCE"} {
 		if !strings.Contains(err.Error(), name) {
 			t.Errorf("error %q does not name %s", err, name)
 		}
@@ -74,6 +74,13 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	cfg, err := app.LoadConfig(func(string) string { return "" })
 	if err != nil || cfg.ListenAddr != "127.0.0.1:8080" || cfg.SweepGrace != 10*time.Minute || cfg.ReportMaxAttempts != 5 || cfg.StripeIdempotencyWindow != 24*time.Hour {
 		t.Fatalf("defaults: %+v, %v", cfg, err)
+	}
+	// INGEST_COALESCE: unset keeps the default (0), 0 turns group commit off.
+	for v, want := range map[string]int{"": 0, "0": -1, "3": 3} {
+		cfg, err := app.LoadConfig(func(k string) string { return map[string]string{"INGEST_COALESCE": v}[k] })
+		if err != nil || cfg.IngestCoalesce != want {
+			t.Errorf("INGEST_COALESCE=%q: IngestCoalesce %v (%v), want %d", v, cfg, err, want)
+		}
 	}
 }
 
