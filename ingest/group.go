@@ -165,14 +165,9 @@ func (c *coalescer) run(tenantID uuid.UUID, g []*waiter) {
 		c.svc.onGroup(len(members))
 	}
 	answers, err := c.execute(ctx, tenantID, members)
-	for i, w := range g {
-		if err != nil {
-			w.err = err
-		} else {
-			w.out, w.err = answers[i].out, answers[i].err
-		}
-		close(w.done)
-	}
+	// The keys are free again before any member is answered: a client that
+	// resends its key the moment it has its answer finds the stored record
+	// (a replay), not its own group still counted as in progress.
 	c.mu.Lock()
 	q := c.tenants[tenantID]
 	for _, w := range g {
@@ -185,6 +180,14 @@ func (c *coalescer) run(tenantID uuid.UUID, g []*waiter) {
 		delete(c.tenants, tenantID)
 	}
 	c.mu.Unlock()
+	for i, w := range g {
+		if err != nil {
+			w.err = err
+		} else {
+			w.out, w.err = answers[i].out, answers[i].err
+		}
+		close(w.done)
+	}
 	if next != nil {
 		// Not on this goroutine: it serves its own request, answered above.
 		go c.run(tenantID, next)
