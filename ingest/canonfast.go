@@ -49,15 +49,20 @@ type onePass struct {
 	scratch []byte
 }
 
-func (p *onePass) space() {
-	for p.i < len(p.data) {
-		switch p.data[p.i] {
+func (p *onePass) space() { p.i = skipSpace(p.data, p.i) }
+
+// skipSpace returns the index of the first byte at or after i that is not
+// JSON whitespace: both one-pass scanners' (this and eventfast.go's).
+func skipSpace(data []byte, i int) int {
+	for i < len(data) {
+		switch data[i] {
 		case ' ', '\t', '\n', '\r':
-			p.i++
+			i++
 		default:
-			return
+			return i
 		}
 	}
+	return i
 }
 
 // value appends the canonical form of the value at p.i.
