@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/workers"
 	"io"
@@ -42,7 +43,7 @@ type Config struct {
 	StreamIdleTimeout time.Duration
 	// IngestCoalesce is how many ingest transactions of one tenant run at
 	// once before its single events are coalesced into the next
-	// (INGEST_COALESCE); 0 is the default, negative turns coalescing off.
+	// (INGEST_COALESCE); 0 turns coalescing off.
 	IngestCoalesce int
 }
 
@@ -138,14 +139,12 @@ func ReadConfig(getenv func(string) string) (*Config, BadVars) {
 	c.ReportBatchMax = num("REPORT_BATCH_MAX", workers.DefaultBatchMax)
 	c.AdminToken = getenv("ADMIN_TOKEN")
 	c.StreamIdleTimeout = dur("STREAM_IDLE_TIMEOUT", workers.DefaultStreamIdleTimeout)
+	c.IngestCoalesce = ingest.DefaultGroupsInFlight
 	if v := getenv("INGEST_COALESCE"); v != "" {
 		n, err := strconv.Atoi(v)
-		switch {
-		case err != nil || n < 0:
+		if err != nil || n < 0 {
 			bad("INGEST_COALESCE", fmt.Errorf("INGEST_COALESCE=%q: want 0 (off) or a positive integer", v))
-		case n == 0:
-			c.IngestCoalesce = -1
-		default:
+		} else {
 			c.IngestCoalesce = n
 		}
 	}

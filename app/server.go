@@ -229,12 +229,7 @@ func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx
 // in through rc with cfg's attempts and batch delay.
 func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
 	svc := ingest.NewService(pool, NewInserter(rc, cfg))
-	switch {
-	case cfg.IngestCoalesce < 0:
-		svc.SetCoalescing(0)
-	case cfg.IngestCoalesce > 0:
-		svc.SetCoalescing(cfg.IngestCoalesce)
-	}
+	svc.SetCoalescing(cfg.IngestCoalesce)
 	return svc
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/apitest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
@@ -75,8 +76,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	if err != nil || cfg.ListenAddr != "127.0.0.1:8080" || cfg.SweepGrace != 10*time.Minute || cfg.ReportMaxAttempts != 5 || cfg.StripeIdempotencyWindow != 24*time.Hour {
 		t.Fatalf("defaults: %+v, %v", cfg, err)
 	}
-	// INGEST_COALESCE: unset keeps the default (0), 0 turns group commit off.
-	for v, want := range map[string]int{"": 0, "0": -1, "3": 3} {
+	// INGEST_COALESCE: unset keeps the default, 0 turns group commit off.
+	for v, want := range map[string]int{"": ingest.DefaultGroupsInFlight, "0": 0, "3": 3} {
 		cfg, err := app.LoadConfig(func(k string) string { return map[string]string{"INGEST_COALESCE": v}[k] })
 		if err != nil || cfg.IngestCoalesce != want {
 			t.Errorf("INGEST_COALESCE=%q: IngestCoalesce %v (%v), want %d", v, cfg, err, want)
