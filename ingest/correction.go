@@ -221,11 +221,7 @@ func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp
 		k.expired = true
 	}
 	if !locked {
-		return nil, &overage.Error{
-			Code: overage.ECONFLICT, Type: "idempotency-key-in-progress",
-			Message:    "a request with this Idempotency-Key is still being processed; retry after the Retry-After delay",
-			RetryAfter: retryAfterInProgress,
-		}
+		return nil, errInProgress()
 	}
 	return k, nil
 }
