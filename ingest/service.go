@@ -410,7 +410,8 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 	if len(g.events) == 1 || len(g.members) > 1 {
 		// A group of single events (about 12 at 32 clients) too: PostgreSQL's
 		// CPU an event 119 and 152 µs with generic plans, 124 and 158 µs with
-		// custom ones (A B B A, /tmp/cpu-per-event.sh 1).
+		// custom ones (A B B A; one tenant, 32 clients of bench/ingestload,
+		// CPU of the backends read from /proc over 8 s).
 		planMode = "force_generic_plan"
 	}
 	b.Queue(beginSQL, slot, locks, planMode)
@@ -692,10 +693,7 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 	keys, fps, statuses, bodies, logIDs := make(pgArray[pgString], n), make([][]byte, n), make([]int32, n), make([][]byte, n), make(pgArray[pgtype.UUID], n)
 	for i, mi := range active {
 		m, out := g.members[mi], answers[mi].out
-		keys[i], fps[i], statuses[i], bodies[i] = pgString(m.key), m.fingerprint, int32(out.Status), out.Body
-		if out.UsageLogID != uuid.Nil {
-			logIDs[i] = pgUUID(out.UsageLogID)
-		}
+		keys[i], fps[i], statuses[i], bodies[i], logIDs[i] = pgString(m.key), m.fingerprint, int32(out.Status), out.Body, nullID(out.UsageLogID)
 	}
 	b.Queue(`INSERT INTO idempotency_keys
 		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
