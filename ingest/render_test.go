@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 
@@ -168,5 +169,62 @@ func checkRendered(t *testing.T, got []byte, ok bool, want []byte, err error) {
 		t.Fatalf("json.Marshal gives %s, the writer refuses", want)
 	case err == nil && !bytes.Equal(got, want):
 		t.Fatalf("writer:\n%s\njson.Marshal:\n%s", got, want)
+	}
+}
+
+// TestRenderKnowsEveryField fills every field of a usage log by reflection,
+// so a field added to overage.UsageLog (or StripeEvent, Overage) that the
+// hand-written renderer does not write fails here, rather than going
+// unnoticed because randomLog does not set it.
+func TestRenderKnowsEveryField(t *testing.T) {
+	t.Parallel()
+	var l overage.UsageLog
+	fillEveryField(reflect.ValueOf(&l).Elem(), 0)
+	want, err := json.Marshal(&l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := appendUsageLog(nil, &l)
+	if !ok || !bytes.Equal(got, want) {
+		t.Fatalf("the hand-written usage log differs from json.Marshal's:\n got %s\nwant %s", got, want)
+	}
+}
+
+// fillEveryField sets v, and everything it holds, to a value other than
+// its zero; slices get one element, and nesting stops at depth 2.
+func fillEveryField(v reflect.Value, depth int) {
+	switch v.Interface().(type) {
+	case time.Time:
+		v.Set(reflect.ValueOf(time.Date(2026, 11, 30, 10, 0, 0, 123, time.UTC)))
+		return
+	case uuid.UUID:
+		v.Set(reflect.ValueOf(uuid.MustParse("0198f3a2-0000-7000-8000-000000000001")))
+		return
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				fillEveryField(v.Field(i), depth)
+			}
+		}
+	case reflect.Pointer:
+		if depth < 2 {
+			v.Set(reflect.New(v.Type().Elem()))
+			fillEveryField(v.Elem(), depth+1)
+		}
+	case reflect.Slice:
+		if depth < 2 {
+			v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+			fillEveryField(v.Index(0), depth+1)
+		}
+	case reflect.String:
+		v.SetString("x")
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		v.SetInt(7)
+	case reflect.Bool:
+		v.SetBool(true)
+	default:
+		panic("fillEveryField: add kind " + v.Kind().String())
 	}
 }
