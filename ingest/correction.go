@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/httpx"
@@ -185,7 +186,7 @@ type keyClaim struct {
 	tenantID    uuid.UUID
 	key         string
 	fingerprint []byte
-	expired     bool
+	expired     *expiredKey
 	// replay, when set, is the answer: the stored one, byte for byte.
 	replay *Outcome
 }
@@ -199,16 +200,15 @@ type keyClaim struct {
 // deadlock with, a report worker that holds the usage log it corrects.
 func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp []byte, slot int16) (*keyClaim, error) {
 	k := &keyClaim{tenantID: tenantID, key: key, fingerprint: fp}
+	dest := make([]any, txSettingsColumns+1, txSettingsColumns+2)
 	var locked bool
-	if err := tx.QueryRow(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '10s', true),
-		set_config('overage.slot', $2::int::text, true), pg_try_advisory_xact_lock($1)`,
-		lockKey(tenantID, key), slot).Scan(nil, nil, &locked); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT `+txSettingsSQL+`, set_config('overage.slot', $2::int::text, true), pg_try_advisory_xact_lock($1)`,
+		lockKey(tenantID, key), slot).Scan(append(dest, &locked)...); err != nil {
 		return nil, fmt.Errorf("take idempotency lock: %w", err)
 	}
 	var rec storedResponse
-	err := tx.QueryRow(ctx, `SELECT fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
-		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, tenantID, key).
-		Scan(&rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expired)
+	err := tx.QueryRow(ctx, keysSQL, tenantID, []string{key}).
+		Scan(nil, &rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expiresAt, &rec.expired)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
@@ -218,7 +218,7 @@ func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp
 		k.replay = out
 		return k, err
 	default:
-		k.expired = true
+		k.expired = &expiredKey{key, rec.expiresAt}
 	}
 	if !locked {
 		return nil, errInProgress()
@@ -228,15 +228,13 @@ func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp
 
 // store writes the answer under the key, replacing an expired record.
 func (k *keyClaim) store(ctx context.Context, tx pgx.Tx, out *Outcome) error {
-	if k.expired {
-		if _, err := tx.Exec(ctx, `DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2`, k.tenantID, k.key); err != nil {
+	if k.expired != nil {
+		if _, err := tx.Exec(ctx, deleteExpiredKeySQL, k.tenantID, k.key, k.expired.expiresAt); err != nil {
 			return fmt.Errorf("delete expired idempotency record: %w", err)
 		}
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys
-		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))`,
-		k.tenantID, k.key, k.fingerprint, out.Status, out.Body, nullID(out.UsageLogID), KeyTTL.Seconds()); err != nil {
+	if _, err := tx.Exec(ctx, insertKeysSQL, k.tenantID, []string{k.key}, [][]byte{k.fingerprint}, []int32{int32(out.Status)},
+		[][]byte{out.Body}, []pgtype.UUID{nullID(out.UsageLogID)}, KeyTTL.Seconds()); err != nil {
 		return fmt.Errorf("store answer: %w", err)
 	}
 	return nil

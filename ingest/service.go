@@ -23,7 +23,6 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/dberr"
 	"github.com/overage-billing/overage/outbox"
-	"strconv"
 )
 
 // KeyTTL is how long an idempotency record is kept and replayed. It is
@@ -34,16 +33,14 @@ const KeyTTL = 24 * time.Hour
 // its Idempotency-Key — may live.
 const lockTimeout = 10 * time.Second
 
-// beginSQL bounds the transaction (as SET LOCAL would), names its slot for
-// the counter triggers (see slots.go), and tries each member's key lock, in
-// the members' order: one statement. For single events (one, or a group)
-// it also makes the transaction's prepared statements use their generic
-// plan: they take arrays, for which
-// PostgreSQL would otherwise plan every execution anew — planning cost more
-// than executing the period lookup (0.18 ms vs 0.12 ms), and single events
-// went 13% faster without it. A batch keeps plans made for its arrays
-// (generic plans measured 6% slower there).
-var beginSQL = `SELECT set_config('idle_in_transaction_session_timeout', '` + strconv.FormatInt(lockTimeout.Milliseconds(), 10) + `ms', true),
+// beginSQL sets the transaction's settings (txSettingsSQL), names its slot
+// for the counter triggers (see slots.go), and tries each member's key
+// lock, in the members' order: one statement. For single events (one, or a
+// group) it also makes the transaction's prepared statements use their
+// generic plan: they take arrays, for which PostgreSQL would otherwise plan
+// every execution anew (docs/ingest.md has the measurements). A batch keeps
+// plans made for its arrays.
+var beginSQL = `SELECT ` + txSettingsSQL + `,
 	set_config('plan_cache_mode', $3::text, true),
 	set_config('overage.slot', $1::int::text, true),
 	(SELECT array_agg(pg_try_advisory_xact_lock(l.k) ORDER BY l.o) FROM unnest($2::bigint[]) WITH ORDINALITY AS l (k, o))`
@@ -275,7 +272,7 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 			answers[i].err = errInProgress()
 		default:
 			if found { // expired: the key starts a new request
-				st.expired = append(st.expired, m.key)
+				st.expired = append(st.expired, expiredKey{m.key, rec.expiresAt})
 			}
 			active = append(active, i)
 		}
@@ -348,7 +345,7 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 type state struct {
 	locked  []bool                       // per member: its key's lock was taken
 	recs    map[string]storedResponse    // the members' stored records, by key
-	expired []string                     // keys of expired records to replace
+	expired []expiredKey                 // expired records to replace
 	earlier map[string]*overage.UsageLog // by request_id
 	// The tenant's allowance, the transaction's now() (created_at of its
 	// logs), each event's allowance period, and each period's total.
@@ -415,10 +412,9 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 		planMode = "force_generic_plan"
 	}
 	b.Queue(beginSQL, slot, locks, planMode)
-	b.Queue(`SELECT idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at <= now()
-		FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = ANY($2)`, pgUUID(g.tenantID), keys)
+	b.Queue(keysSQL, pgUUID(g.tenantID), keys)
 	if len(rids) > 0 {
-		b.Queue(`SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND request_id = ANY($2)`, pgUUID(g.tenantID), rids)
+		b.Queue(logsByRequestIDSQL, pgUUID(g.tenantID), rids)
 	}
 	b.Queue(periodsSQL, pgUUID(g.tenantID), ts)
 	br := tx.SendBatch(ctx, b)
@@ -426,7 +422,8 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 	if _, err := br.Exec(); err != nil {
 		return nil, fmt.Errorf("begin ingest transaction: %w", err)
 	}
-	if err := br.QueryRow().Scan(nil, nil, nil, &st.locked); err != nil {
+	settings := make([]any, txSettingsColumns+2, txSettingsColumns+3)
+	if err := br.QueryRow().Scan(append(settings, &st.locked)...); err != nil {
 		return nil, fmt.Errorf("take idempotency locks: %w", err)
 	}
 	if len(st.locked) != len(g.members) {
@@ -439,7 +436,7 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 	for rows.Next() {
 		var key string
 		var rec storedResponse
-		if err := rows.Scan(&key, &rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expired); err != nil {
+		if err := rows.Scan(&key, &rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expiresAt, &rec.expired); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read idempotency records: %w", err)
 		}
@@ -645,8 +642,8 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 // active members' stored responses, COMMIT.
 func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, active []int, answers []answer) error {
 	b := &pgx.Batch{}
-	if len(st.expired) > 0 {
-		b.Queue(`DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = ANY($2)`, pgUUID(g.tenantID), st.expired)
+	for _, e := range st.expired {
+		b.Queue(deleteExpiredKeySQL, pgUUID(g.tenantID), e.key, e.expiresAt)
 	}
 	if len(w.logs) > 0 {
 		queueUsedUpGuard(b, g.tenantID, st, w.deltaOrder)
@@ -695,11 +692,7 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		m, out := g.members[mi], answers[mi].out
 		keys[i], fps[i], statuses[i], bodies[i], logIDs[i] = pgString(m.key), m.fingerprint, int32(out.Status), out.Body, nullID(out.UsageLogID)
 	}
-	b.Queue(`INSERT INTO idempotency_keys
-		(tenant_id, idempotency_key, fingerprint, response_status, response_body, usage_log_id, expires_at)
-		SELECT $1, r.key, r.fp, r.status, r.body, r.log, now() + make_interval(secs => $7)
-		FROM unnest($2::text[], $3::bytea[], $4::int[], $5::bytea[], $6::uuid[]) AS r (key, fp, status, body, log)`,
-		pgUUID(g.tenantID), keys, fps, statuses, bodies, logIDs, KeyTTL.Seconds())
+	b.Queue(insertKeysSQL, pgUUID(g.tenantID), keys, fps, statuses, bodies, logIDs, KeyTTL.Seconds())
 	b.Queue(`COMMIT`)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		var pgErr *pgconn.PgError
@@ -860,7 +853,14 @@ type storedResponse struct {
 	status      int
 	body        []byte
 	usageLogID  *uuid.UUID
+	expiresAt   time.Time
 	expired     bool
+}
+
+// expiredKey is a stored record found expired, to be replaced.
+type expiredKey struct {
+	key       string
+	expiresAt time.Time
 }
 
 func (r storedResponse) replay(fp []byte) (*Outcome, error) {
@@ -880,6 +880,13 @@ type logResponse struct {
 	*overage.UsageLog
 	Duplicate bool `json:"duplicate"`
 }
+
+// logsByRequestIDSQL reads the tenant's logs recorded under the
+// request_ids in $2: one index probe a request_id, as keysSQL.
+var logsByRequestIDSQL = `SELECT ` + logColumns + `
+	FROM unnest($2::text[]) AS r (rid)
+	CROSS JOIN LATERAL (
+		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND l.request_id = r.rid LIMIT 1) AS u`
 
 const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
