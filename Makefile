@@ -51,5 +51,6 @@ lint: ## go vet (both builds) and a gofmt check
 	$(GO) vet -tags dev ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-bench: build ## ingest (HTTP vs pgbench) and drain (logs/s into the Stripe emulator) benchmarks
+bench: build ## ingest (HTTP vs pgbench), end to end, drain, status, then soak, volume and storage (SOAK_SECONDS=0 skips those)
 	@$(WITH_TEST_DB) ./bench/ingest.sh
+	@$(WITH_TEST_DB) if [ "$${SOAK_SECONDS:-600}" != 0 ]; then ./bench/soak.sh; fi

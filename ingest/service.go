@@ -21,13 +21,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/dberr"
 	"github.com/overage-billing/overage/outbox"
 )
 
 // KeyTTL is how long an idempotency record is kept and replayed. It is
 // advertised in the README and api/openapi.yaml.
-const KeyTTL = 24 * time.Hour
+const KeyTTL = idempotency.TTL
 
 // lockTimeout bounds how long one ingest transaction — and so the claim on
 // its Idempotency-Key — may live.

@@ -25,6 +25,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/overage-billing/overage/idempotency"
 )
 
 //go:embed *.sql
@@ -75,11 +77,20 @@ func All() ([]Migration, error) {
 type Result struct {
 	RiverVersions []int
 	Applied       []Migration
+	// Partitions are the idempotency record partitions created.
+	Partitions []string
 }
 
 // Migrate applies River's migrations, then the project's, holding an
 // advisory lock so concurrent runs wait for each other instead of racing.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (*Result, error) {
+	return MigrateUpTo(ctx, pool, logger, 0)
+}
+
+// MigrateUpTo is Migrate stopping after the project's migration numbered
+// version (0: all), to stage an upgrade: a test of a migration on a live
+// system starts from the schema before it.
+func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, version int) (*Result, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -153,6 +164,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (*Res
 	}
 
 	for _, m := range all {
+		if version > 0 && m.Version > version {
+			return res, nil
+		}
 		if applied[m.Version] {
 			continue
 		}
@@ -161,6 +175,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) (*Res
 		}
 		logger.Info("applied migration", "version", m.Version, "name", m.Name)
 		res.Applied = append(res.Applied, m)
+	}
+	// The idempotency records' partitions a week ahead, so that ingest
+	// works from the first minute, before any `overage work` has run.
+	if res.Partitions, err = idempotency.EnsurePartitions(ctx, pool); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

@@ -71,8 +71,8 @@ const DefaultMaxAttempts = 5
 // DefaultBatchDelay is REPORT_BATCH_DELAY's default.
 const DefaultBatchDelay = time.Second
 
-// ExpireIdempotencyKeysArgs asks a worker to delete expired idempotency
-// records in bounded batches.
+// ExpireIdempotencyKeysArgs asks a worker to drop the idempotency records'
+// expired partitions and create those of the week ahead.
 type ExpireIdempotencyKeysArgs struct{}
 
 // Kind implements river.JobArgs.

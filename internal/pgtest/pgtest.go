@@ -31,6 +31,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/testkit/pgcontainer"
 	"github.com/overage-billing/overage/migrations"
 )
@@ -98,6 +99,11 @@ func NewDatabase(t testing.TB) string {
 	}
 	if err != nil {
 		t.Fatalf("create test database: %v", err)
+	}
+	// The template may be days old: today's and the week ahead's
+	// idempotency record partitions, as `overage migrate` makes them.
+	if err := ensurePartitions(ctx, withDatabase(server, name)); err != nil {
+		t.Fatalf("idempotency record partitions of the test database: %v", err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -191,6 +197,16 @@ func ensureTemplate(ctx context.Context, server string) (string, error) {
 	}
 	templateReady[name] = true
 	return name, nil
+}
+
+func ensurePartitions(ctx context.Context, dbURL string) error {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = idempotency.EnsurePartitions(ctx, conn)
+	return err
 }
 
 func withDatabase(server, name string) string {

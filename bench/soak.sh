@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Soak, volume and storage benchmarks, each on a fresh database with no
+# manual VACUUM or ANALYZE: the product as it is deployed, keeping its own
+# plans and statistics or not.
+#   soak:    single events of ONE tenant from 32 clients, then batches of 100
+#            events of 100 tenants from 8 clients, each for SOAK_SECONDS
+#            (600), events/s and p99 per 30 s window; the single events'
+#            rate against ref_single.pgbench (32 clients) run right after,
+#            on its own fresh database, for 60 s;
+#   volume:  the same two loads for VOLUME_SECONDS (120) after seeding
+#            VOLUME_LOGS (20,000,000) billed usage logs over the 100 tenants
+#            and VOLUME_KEYS (10,000,000) live idempotency records of the
+#            single-event tenant, against the same load on empty tables;
+#   storage: bytes on disk per event (heap + indexes + TOAST) of each table
+#            after the soak's singles and after its batches.
+# SOAK_ONLY=1 skips the volume runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SOAK_SECONDS=${SOAK_SECONDS:-600}
+VOLUME_SECONDS=${VOLUME_SECONDS:-120}
+VOLUME_LOGS=${VOLUME_LOGS:-20000000}
+VOLUME_KEYS=${VOLUME_KEYS:-10000000}
+PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
+BENCH_DB=${BENCH_DB:-overage_soak}
+ADDR=${BENCH_ADDR:-127.0.0.1:18082}
+db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
+URL=$(db_url $BENCH_DB)
+REF_URL=$(db_url ${BENCH_DB}_ref)
+go build -o bin/ingestload ./bench/ingestload
+[ -x ./bin/overage ] || go build -o bin/overage ./cmd/overage
+
+fresh() {
+  psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "CREATE DATABASE $BENCH_DB"
+  ./bin/overage migrate --database-url "$URL" >/dev/null 2>&1
+  psql -q "$URL" -f bench/setup.sql
+}
+SERVE=
+serve() {
+  LOG_LEVEL=warn DATABASE_URL="$URL" LISTEN_ADDR=$ADDR ./bin/overage serve &
+  SERVE=$!
+  for _ in $(seq 1 100); do curl -fs "http://$ADDR/readyz" >/dev/null && break; sleep 0.1; done
+}
+stop() { [ -n "$SERVE" ] && { kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null || true; SERVE=; }; }
+trap stop EXIT
+# load NAME SECONDS FLAGS...: one ingestload run; its JSON in /tmp/$BENCH_DB.NAME.json.
+load() {
+  local name=$1 secs=$2; shift 2
+  ./bin/ingestload -url "http://$ADDR" -duration "${secs}s" -window 30s "$@" 2>/dev/null > "/tmp/$BENCH_DB.$name.json" || true
+}
+single() { load "$1" "$2" -clients 32 -tenants 1; }
+batch() { load "$1" "$2" -clients 8 -tenants 100 -batch 100; }
+# size NAME TABLE EVENTS: bytes per event of TABLE (all partitions).
+size() {
+  psql -qtA "$URL" -c "SELECT '$1 ' || '$2 ' || round(coalesce(sum(pg_total_relation_size(relid)), 0) / greatest($3, 1)::numeric)
+    FROM pg_partition_tree('$2') WHERE isleaf"
+}
+windows() {
+  python3 - "$@" <<'PY'
+import json, sys
+for name in sys.argv[1:]:
+    r = json.load(open(f"/tmp/{name}.json"))
+    w = r.get("windows") or [{"events_per_s": 0, "p99_ms": 0}]
+    print(f"{name.split('.', 1)[1]:<16} events/s {r['events_per_s']:8.0f}  p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}"
+          f"  first 30 s {w[0]['events_per_s']:7.0f}  last 30 s {w[-1]['events_per_s']:7.0f}  last/first {w[-1]['events_per_s'] / max(w[0]['events_per_s'], 1):.2f}")
+    print("  per window (events/s, p99 ms): " + ", ".join(f"{x['events_per_s']:.0f}/{x['p99_ms']:.0f}" for x in w))
+PY
+}
+
+echo "== soak: ${SOAK_SECONDS}s each, fresh databases, no VACUUM or ANALYZE"
+fresh; serve; single soak_single "$SOAK_SECONDS"; stop
+n=$(psql -qtA "$URL" -c "SELECT count(*) FROM usage_logs")
+echo "storage after $n single events (bytes per event):"
+size single usage_logs "$n"; size single idempotency_keys "$n"; size single river_job "$n"
+fresh; serve; batch soak_batch "$SOAK_SECONDS"; stop
+n=$(psql -qtA "$URL" -c "SELECT count(*) FROM usage_logs")
+echo "storage after $n batched events (bytes per event):"
+size batch usage_logs "$n"; size batch idempotency_keys "$n"; size batch river_job "$n"
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_ref"
+psql -q "$REF_URL" -f bench/reference.sql
+tps=$(pgbench -n -c 32 -j 2 -T 60 -f bench/ref_single.pgbench "$REF_URL" 2>&1 | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | tail -1)
+windows $BENCH_DB.soak_single $BENCH_DB.soak_batch
+python3 - "$tps" "/tmp/$BENCH_DB.soak_single.json" <<'PY'
+import json, sys
+tps, r = float(sys.argv[1]), json.load(open(sys.argv[2]))
+print(f"single events over the soak {r['events_per_s']:.0f}/s against ref_single.pgbench {tps:.0f}/s: ratio {r['events_per_s'] / tps:.2f}")
+PY
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)"
+[ -n "${SOAK_ONLY:-}" ] && { psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)"; exit 0; }
+
+echo "== volume: ${VOLUME_SECONDS}s each, empty tables, then $VOLUME_LOGS logs and $VOLUME_KEYS keys seeded"
+fresh; serve; single empty_single "$VOLUME_SECONDS"; batch empty_batch "$VOLUME_SECONDS"; stop
+fresh
+# Billed logs of last month spread over the 100 tenants, and one day of the
+# single-event tenant's keys, the counters kept by their trigger.
+psql -q "$URL" <<SQL
+INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+    period_start, overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at, updated_at)
+SELECT gen_random_uuid(), ('00000000-0000-0000-0000-' || lpad((g % 100 + 1)::text, 12, '0'))::uuid, 'seed-' || g,
+    now() - interval '20 days', 'u', 'm', 100, 20, date_trunc('month', now() - interval '20 days', 'UTC'), 100, 20,
+    'billed', now(), now() - interval '20 days', now() - interval '20 days'
+FROM generate_series(1, $VOLUME_LOGS) g;
+INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
+SELECT '00000000-0000-0000-0000-000000000001', 'seed-' || g, '\x00', 202, '\x7b7d', now() + (g % 86000) * interval '1 second'
+FROM generate_series(1, $VOLUME_KEYS) g;
+SQL
+serve; single volume_single "$VOLUME_SECONDS"; batch volume_batch "$VOLUME_SECONDS"; stop
+windows $BENCH_DB.empty_single $BENCH_DB.volume_single $BENCH_DB.empty_batch $BENCH_DB.volume_batch
+python3 - "$BENCH_DB" <<'PY'
+import json, sys
+b = sys.argv[1]
+for kind in ("single", "batch"):
+    e, v = (json.load(open(f"/tmp/{b}.{x}_{kind}.json"))["events_per_s"] for x in ("empty", "volume"))
+    print(f"volume {kind}: {v:.0f} events/s at volume against {e:.0f} on empty tables: ratio {v / max(e, 1):.2f}")
+PY
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)"

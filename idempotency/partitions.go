@@ -1,0 +1,219 @@
+// Package idempotency owns the lifecycle of the stored answers of
+// Idempotency-Keys (table idempotency_keys): a table partitioned by expiry
+// day, whose partitions are created a week ahead and dropped whole once
+// every record in them has expired. No record is ever deleted row by row
+// for its age.
+//
+// The ingest transaction reads and writes the records (package ingest);
+// this package only creates and drops partitions, and says what is there.
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+)
+
+// DB is a pool or a connection: partitions are kept from both.
+type DB interface {
+	overage.DB
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// TTL is how long a stored answer is kept and replayed.
+const TTL = 24 * time.Hour
+
+// Ahead is how many UTC days of partitions beyond today are kept ready, so
+// ingest goes on for a week should no `overage work` run.
+const Ahead = 7
+
+// DropMargin is how long after its last record expired a partition is
+// kept: an ingest transaction that began before the expiry (and so still
+// counts such a record live) has long finished by then — it is bounded by
+// seconds.
+const DropMargin = time.Hour
+
+// Partition is one partition of idempotency_keys.
+type Partition struct {
+	Name string
+	// Records in it expire at or after Lower (nil: the first partition,
+	// which spans everything before Upper) and before Upper.
+	Lower *time.Time
+	Upper time.Time
+	// Pending: a DETACH CONCURRENTLY was interrupted; Maintain finishes it.
+	Pending bool
+}
+
+// lockID serialises partition changes of concurrent workers and migrators
+// ("ovg-idem" read as a big-endian integer).
+const lockID int64 = 0x6f76672d6964656d
+
+// boundsSQL lists the partitions with their bounds (NULL for MINVALUE),
+// oldest first.
+const boundsSQL = `SELECT c.relname,
+		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz,
+		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz,
+		i.inhdetachpending
+	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	WHERE i.inhparent = 'idempotency_keys'::regclass
+	ORDER BY 3`
+
+// Partitions lists the partitions, oldest first.
+func Partitions(ctx context.Context, db DB) ([]Partition, error) {
+	return partitions(ctx, db)
+}
+
+func partitions(ctx context.Context, db overage.DB) ([]Partition, error) {
+	rows, err := db.Query(ctx, boundsSQL)
+	if err != nil {
+		return nil, fmt.Errorf("list idempotency record partitions: %w", err)
+	}
+	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Partition, error) {
+		var p Partition
+		err := r.Scan(&p.Name, &p.Lower, &p.Upper, &p.Pending)
+		if p.Lower != nil {
+			l := p.Lower.UTC()
+			p.Lower = &l
+		}
+		p.Upper = p.Upper.UTC()
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list idempotency record partitions: %w", err)
+	}
+	return ps, nil
+}
+
+// covers reports whether p holds records expiring at t.
+func (p Partition) covers(t time.Time) bool {
+	return (p.Lower == nil || !t.Before(*p.Lower)) && t.Before(p.Upper)
+}
+
+// EnsurePartitions creates the missing day partitions from today (UTC, by
+// the database's clock) to Ahead days beyond it, and returns the names of
+// those it created. A day already covered (by the first partition, which
+// spans days) is skipped. Each is made empty and apart, with its unique
+// index, then attached: ATTACH takes only a SHARE UPDATE EXCLUSIVE lock
+// on idempotency_keys, so ingest reads and writes on meanwhile.
+func EnsurePartitions(ctx context.Context, db DB) ([]string, error) {
+	var created []string
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockID); err != nil {
+			return fmt.Errorf("lock idempotency record partitions: %w", err)
+		}
+		// Queue behind a long transaction for a while, then give up (the
+		// next run tries again) rather than hold up ingest behind us.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+			return fmt.Errorf("set lock_timeout: %w", err)
+		}
+		var today time.Time
+		if err := tx.QueryRow(ctx, `SELECT date_trunc('day', now(), 'UTC')`).Scan(&today); err != nil {
+			return fmt.Errorf("read the database clock: %w", err)
+		}
+		ps, err := partitions(ctx, tx)
+		if err != nil {
+			return err
+		}
+	days:
+		for d := today.UTC(); !d.After(today.UTC().AddDate(0, 0, Ahead)); d = d.AddDate(0, 0, 1) {
+			for _, p := range ps {
+				if p.covers(d) {
+					continue days
+				}
+			}
+			name := "idempotency_keys_" + d.Format("20060102")
+			upper := d.AddDate(0, 0, 1)
+			for _, q := range []string{
+				fmt.Sprintf(`CREATE TABLE %s (LIKE idempotency_keys INCLUDING DEFAULTS INCLUDING COMPRESSION)`, name),
+				fmt.Sprintf(`CREATE UNIQUE INDEX %s_key ON %s (tenant_id, idempotency_key)`, name, name),
+				fmt.Sprintf(`ALTER TABLE idempotency_keys ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
+					name, d.Format(time.RFC3339), upper.Format(time.RFC3339)),
+			} {
+				if _, err := tx.Exec(ctx, q); err != nil {
+					return fmt.Errorf("create idempotency record partition %s: %w", name, err)
+				}
+			}
+			created = append(created, name)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return created, nil
+}
+
+// DropExpired detaches and drops every partition whose records all expired
+// DropMargin ago or more, and returns their names. DETACH CONCURRENTLY
+// waits for every transaction that may still read the partition and takes
+// no lock that stops ingest; one left pending by a crash is finished first.
+func DropExpired(ctx context.Context, db DB) ([]string, error) {
+	ps, err := Partitions(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	var now time.Time
+	if err := db.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return nil, fmt.Errorf("read the database clock: %w", err)
+	}
+	var dropped []string
+	for _, p := range ps {
+		if p.Upper.After(now.Add(-DropMargin)) {
+			continue
+		}
+		detach := fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s CONCURRENTLY`, p.Name)
+		if p.Pending {
+			detach = fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s FINALIZE`, p.Name)
+		}
+		if _, err := db.Exec(ctx, detach); err != nil {
+			return dropped, fmt.Errorf("detach expired idempotency record partition %s: %w", p.Name, err)
+		}
+		if _, err := db.Exec(ctx, fmt.Sprintf(`DROP TABLE %s`, p.Name)); err != nil {
+			return dropped, fmt.Errorf("drop expired idempotency record partition %s: %w", p.Name, err)
+		}
+		dropped = append(dropped, p.Name)
+	}
+	// A partition detached but not dropped (a crash in between): nothing
+	// reads it any more.
+	rows, err := db.Query(ctx, `SELECT c.relname FROM pg_class c
+		WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
+		  AND c.relname ~ '^idempotency_keys_([0-9]{8}|legacy)$'
+		  AND NOT EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = c.oid)
+		ORDER BY 1`)
+	if err != nil {
+		return dropped, fmt.Errorf("list detached idempotency record partitions: %w", err)
+	}
+	leftovers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return dropped, fmt.Errorf("list detached idempotency record partitions: %w", err)
+	}
+	for _, name := range leftovers {
+		if _, err := db.Exec(ctx, fmt.Sprintf(`DROP TABLE %s`, name)); err != nil {
+			return dropped, fmt.Errorf("drop detached idempotency record partition %s: %w", name, err)
+		}
+		dropped = append(dropped, name)
+	}
+	return dropped, nil
+}
+
+// Maintain drops the expired partitions and creates the missing ones: what
+// `overage work` runs every hour.
+func Maintain(ctx context.Context, db DB, logger *slog.Logger) error {
+	dropped, err := DropExpired(ctx, db)
+	for _, name := range dropped {
+		logger.InfoContext(ctx, "expired idempotency records dropped", "partition", name)
+	}
+	if err != nil {
+		return err
+	}
+	created, err := EnsurePartitions(ctx, db)
+	for _, name := range created {
+		logger.InfoContext(ctx, "idempotency record partition created", "partition", name)
+	}
+	return err
+}

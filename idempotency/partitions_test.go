@@ -1,0 +1,213 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/overage-billing/overage/idempotency"
+	"github.com/overage-billing/overage/internal/pgtest"
+)
+
+func TestMigrateLeavesAWeekOfPartitionsWithoutGaps(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	ps, err := idempotency.Partitions(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	today := dbToday(t, pool)
+	for d := today; !d.After(today.AddDate(0, 0, idempotency.Ahead)); d = d.AddDate(0, 0, 1) {
+		n := 0
+		for _, p := range ps {
+			if (p.Lower == nil || !d.Before(*p.Lower)) && d.Before(p.Upper) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("day %s is in %d partitions, want 1: %+v", d.Format(time.DateOnly), n, ps)
+		}
+	}
+	// Again: nothing to do.
+	created, err := idempotency.EnsurePartitions(ctx, pool)
+	if err != nil || len(created) != 0 {
+		t.Fatalf("second EnsurePartitions created %v (%v), want none", created, err)
+	}
+}
+
+// Partitions whose records have all expired (an hour's margin) go whole,
+// and nothing live goes with them; a partition holding a live record, or
+// one that expired less than DropMargin ago, stays.
+func TestDropExpiredDropsOnlyPartitionsWhoseRecordsAllExpired(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	today := dbToday(t, pool)
+	makeDayPartitions(t, pool, today)
+	// Three past days, each with records expiring through it.
+	for back := 1; back <= 3; back++ {
+		d := today.AddDate(0, 0, -back)
+		createDay(t, pool, d)
+		exec(t, pool, `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
+			SELECT gen_random_uuid(), 'k' || g, '\x00', 202, '\x7b7d', $1::timestamptz + g * interval '1 minute'
+			FROM generate_series(0, 1439) g`, d)
+	}
+	exec(t, pool, `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
+		SELECT gen_random_uuid(), 'live' || g, '\x00', 202, '\x7b7d', now() + g * interval '1 second' FROM generate_series(1, 100) g`)
+	live := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE expires_at > now()`)
+
+	dropped, err := idempotency.DropExpired(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var now time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{dayName(today.AddDate(0, 0, -3)), dayName(today.AddDate(0, 0, -2))}
+	if !today.After(now.Add(-idempotency.DropMargin)) {
+		want = append(want, dayName(today.AddDate(0, 0, -1)))
+	}
+	if fmt.Sprint(dropped) != fmt.Sprint(want) {
+		t.Fatalf("dropped %v, want %v", dropped, want)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE expires_at > now()`); got != live {
+		t.Fatalf("%d live records after the drop, want %d", got, live)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = ANY($1)`, want); got != 0 {
+		t.Fatalf("%d dropped partitions still exist as tables", got)
+	}
+}
+
+// A DETACH CONCURRENTLY cut short (the worker killed between its two
+// transactions) leaves the partition pending; the next run finishes it.
+func TestMaintainFinishesAnInterruptedDetach(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	today := dbToday(t, pool)
+	makeDayPartitions(t, pool, today)
+	old := today.AddDate(0, 0, -2)
+	createDay(t, pool, old)
+	// A pending detach, as an interrupted DETACH CONCURRENTLY leaves it:
+	// cancel the second phase by a transaction it must wait for.
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blocker.Exec(ctx, `SELECT count(*) FROM idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = conn.Exec(ctx, `SET statement_timeout = '300ms'`)
+	if err == nil {
+		_, err = conn.Exec(ctx, fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s CONCURRENTLY`, dayName(old)))
+	}
+	conn.Release()
+	_ = blocker.Rollback(ctx)
+	if err == nil {
+		t.Fatal("the detach was not interrupted; the test sets up nothing")
+	}
+	ps, err := idempotency.Partitions(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := false
+	for _, p := range ps {
+		pending = pending || (p.Name == dayName(old) && p.Pending)
+	}
+	if !pending {
+		t.Fatalf("no pending detach after the interruption: %+v", ps)
+	}
+	if err := idempotency.Maintain(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, dayName(old)); got != 0 {
+		t.Fatalf("the pending partition %s was not dropped", dayName(old))
+	}
+}
+
+// makeDayPartitions drops the first partition (empty in a new test
+// database) and makes the week's day partitions in its place, as a
+// database has them once the first has expired.
+func makeDayPartitions(t *testing.T, pool *pgxpool.Pool, today time.Time) {
+	t.Helper()
+	ps, err := idempotency.Partitions(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Lower == nil {
+			exec(t, pool, fmt.Sprintf(`DROP TABLE %s`, p.Name))
+		}
+	}
+	if _, err := idempotency.EnsurePartitions(context.Background(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, dayName(today)); got != 1 {
+		t.Fatalf("no partition for today after EnsurePartitions")
+	}
+}
+
+func createDay(t *testing.T, pool *pgxpool.Pool, d time.Time) {
+	t.Helper()
+	exec(t, pool, fmt.Sprintf(`CREATE TABLE %s PARTITION OF idempotency_keys FOR VALUES FROM ('%s') TO ('%s')`,
+		dayName(d), d.Format(time.RFC3339), d.AddDate(0, 0, 1).Format(time.RFC3339)))
+}
+
+func dayName(d time.Time) string { return "idempotency_keys_" + d.Format("20060102") }
+
+func dbToday(t *testing.T, pool *pgxpool.Pool) time.Time {
+	t.Helper()
+	var d time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT date_trunc('day', now(), 'UTC')`).Scan(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.UTC()
+}
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// A partition detached but not dropped (the worker killed in between) is
+// no partition any more, and nothing reads it: the next run drops it.
+func TestDropExpiredDropsADetachedLeftover(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	today := dbToday(t, pool)
+	makeDayPartitions(t, pool, today)
+	old := today.AddDate(0, 0, -2)
+	createDay(t, pool, old)
+	exec(t, pool, fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s`, dayName(old)))
+	dropped, err := idempotency.DropExpired(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(dropped) != fmt.Sprint([]string{dayName(old)}) {
+		t.Fatalf("dropped %v, want the leftover %s", dropped, dayName(old))
+	}
+	if got := count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, dayName(old)); got != 0 {
+		t.Fatalf("the leftover %s was not dropped", dayName(old))
+	}
+}
