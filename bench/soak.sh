@@ -51,8 +51,8 @@ single() { load "$1" "$2" -clients 32 -tenants 1; }
 batch() { load "$1" "$2" -clients 8 -tenants 100 -batch 100; }
 # size NAME TABLE EVENTS: bytes per event of TABLE (all partitions).
 size() {
-  psql -qtA "$URL" -c "SELECT '$1 ' || '$2 ' || round(coalesce(sum(pg_total_relation_size(relid)), 0) / greatest($3, 1)::numeric)
-    FROM pg_partition_tree('$2') WHERE isleaf"
+  psql -qtA "$URL" -c "SELECT '$1 ' || '$2 ' || round(coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('$2') WHERE isleaf),
+    pg_total_relation_size('$2')) / greatest($3, 1)::numeric)"
 }
 windows() {
   python3 - "$@" <<'PY'
