@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/reconcile"
@@ -17,9 +22,14 @@ import (
 
 // binary runs the test binary as `overage args...` (see TestMain) with env
 // as its whole environment, and returns its stdout, stderr and exit status.
+// A command still running after two minutes is killed (exit status -1): a
+// long-running command that should have refused to start fails its test
+// instead of hanging it.
 func binary(t *testing.T, env map[string]string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0])
 	cmd.Env = []string{childEnv + "=" + strings.Join(args, " ")}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
@@ -119,12 +129,69 @@ func TestCLISaysToMigrateAnUnmigratedDatabase(t *testing.T) {
 	if _, err := pool.Exec(context.Background(), `DROP SCHEMA public CASCADE; CREATE SCHEMA public`); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"DATABASE_URL": dbURL}
-	for _, args := range [][]string{{"status"}, {"tenant", "list"}, {"tenant", "create", "--name", "A", "--stripe-customer", "cus_a"}, {"review", "list"}} {
+	// serve and work would otherwise start, log that they serve and fail
+	// every request (serve's /readyz answering ready).
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "STRIPE_SECRET_KEY": "sk_test_unmigrated", "STRIPE_API_BASE": "http://127.0.0.1:1"}
+	for _, args := range [][]string{{"status"}, {"tenant", "list"}, {"tenant", "create", "--name", "A", "--stripe-customer", "cus_a"}, {"review", "list"},
+		{"serve"}, {"work"}} {
 		_, stderr, code := binary(t, env, args...)
 		if line := oneLine(t, strings.Join(args, " "), stderr); code != 1 || !strings.Contains(line, "run `overage migrate`") {
 			t.Errorf("%v on an unmigrated database: exit %d, %q", args, code, stderr)
 		}
+	}
+}
+
+func TestServeAndWorkRefuseADatabaseMissingAMigration(t *testing.T) {
+	t.Parallel()
+	// Migrated by an older binary: the newest migration is not recorded.
+	pool, dbURL := pgtest.NewPool(t)
+	var newest int
+	if err := pool.QueryRow(context.Background(), `DELETE FROM overage_schema_migrations WHERE version = (SELECT max(version) FROM overage_schema_migrations) RETURNING version`).Scan(&newest); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "STRIPE_SECRET_KEY": "sk_test_older", "STRIPE_API_BASE": "http://127.0.0.1:1"}
+	for _, cmd := range []string{"serve", "work"} {
+		_, stderr, code := binary(t, env, cmd)
+		line := oneLine(t, cmd, stderr)
+		if code != 1 || !strings.Contains(line, "run `overage migrate`") || !strings.Contains(line, fmt.Sprint(newest)) {
+			t.Errorf("%s on a database without migration %d: exit %d, %q", cmd, newest, code, stderr)
+		}
+	}
+}
+
+func TestMigrateSaysToCreateAMissingDatabase(t *testing.T) {
+	t.Parallel()
+	server := pgtest.ServerURL(t)
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("ovgtest_missing_%d", rand.Int64())
+	u.Path = "/" + name
+	t.Cleanup(func() {
+		if c, err := pgx.Connect(context.Background(), server); err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(context.Background())
+		}
+	})
+	env := map[string]string{"DATABASE_URL": u.String()}
+	out, stderr, code := binary(t, env, "migrate")
+	line := oneLine(t, "migrate of a missing database", stderr)
+	if code != 1 || out != "" || !strings.Contains(line, name) || !strings.Contains(line, "does not exist") ||
+		!strings.Contains(line, "--create-database") || strings.Contains(line, "cannot reach") {
+		t.Fatalf("migrate of a missing database: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	out, stderr, code = binary(t, env, "migrate", "--create-database")
+	if code != 0 || !strings.HasPrefix(out, "created the database\n") || !strings.Contains(out, "applied 0001_init\n") {
+		t.Fatalf("migrate --create-database: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	// Again: nothing to create, nothing to apply, one line.
+	out, stderr, code = binary(t, env, "migrate", "--create-database")
+	if code != 0 || out != "migrations applied: 0 river, 0 overage\n" || stderr != "" {
+		t.Fatalf("migrate --create-database again: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	if out, stderr, code := binary(t, env, "status"); code != 0 || !strings.Contains(out, "TOTAL") {
+		t.Fatalf("status on the created database: exit %d, %q %q", code, out, stderr)
 	}
 }
 

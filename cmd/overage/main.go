@@ -86,6 +86,8 @@ func (e *usageError) Unwrap() error { return e.err }
 const (
 	undefinedTable  = "42P01"
 	undefinedColumn = "42703"
+	// A database that does not exist on a server that answers.
+	invalidCatalogName = "3D000"
 )
 
 // describe renders err for a person, on one line: an application error by
@@ -95,6 +97,10 @@ func describe(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == undefinedTable || pgErr.Code == undefinedColumn) {
 		return "the database is not migrated, or is older than this binary: run `overage migrate` (" + pgErr.Message + ")"
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == invalidCatalogName {
+		// PostgreSQL answers, only the database is missing.
+		return "PostgreSQL answers but " + pgErr.Message + ": create it (createdb NAME, or CREATE DATABASE), or run `overage migrate --create-database`"
 	}
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {

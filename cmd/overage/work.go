@@ -22,6 +22,9 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	if err := app.CheckSchema(ctx, pool); err != nil {
+		return err
+	}
 	reg := app.NewRegistry(pool, logger)
 	w, err := app.NewWorkers(pool, cfg, logger, reg)
 	if err != nil {
