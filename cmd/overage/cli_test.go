@@ -17,7 +17,6 @@ import (
 
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/reconcile"
-	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
 // binary runs the test binary as `overage args...` (see TestMain) with env
@@ -242,26 +241,5 @@ func TestCLISaysWhenPostgreSQLDoesNotAnswer(t *testing.T) {
 	line := oneLine(t, "no database", stderr)
 	if code != 1 || !strings.Contains(line, "cannot reach PostgreSQL") || strings.Contains(line, password) {
 		t.Fatalf("unreachable database: exit %d, %q", code, stderr)
-	}
-}
-
-func TestReconcileOfTodaySaysNothingCouldBeJudged(t *testing.T) {
-	t.Parallel()
-	_, dbURL := pgtest.NewPool(t)
-	emu := emulator.New(emulator.Options{})
-	base, err := emu.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emu.Close)
-	env := map[string]string{"DATABASE_URL": dbURL, "STRIPE_SECRET_KEY": "sk_test_123", "STRIPE_API_BASE": base}
-	today := time.Now().UTC().Format("2006-01-02")
-	out, _, err := runCmd(t, env, "reconcile", "--from", today, "--to", today)
-	if err != nil || !strings.Contains(out, "nothing could be judged yet") {
-		t.Fatalf("reconcile of today: %v\n%s", err, out)
-	}
-	out, stderr, err := runCmd(t, env, "reconcile", "--from", today, "--to", today, "--json")
-	if err != nil || !strings.Contains(stderr, "nothing could be judged yet") || strings.Contains(out, "nothing could be judged") {
-		t.Fatalf("reconcile --json of today: %v\nstdout %s\nstderr %s", err, out, stderr)
 	}
 }

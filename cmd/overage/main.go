@@ -54,12 +54,17 @@ func main() {
 
 // exitStatus prints err, if any, as one line on stderr (and a command's
 // synopsis after a usage error) and returns the process's exit status:
-// 0 on success or --help, 2 on a usage error, 1 otherwise.
+// 0 on success or --help, 2 on a usage error, a command's own status
+// (exitError), 1 otherwise.
 func exitStatus(stderr io.Writer, err error) int {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	fmt.Fprintf(stderr, "overage: %s\n", describe(err))
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
 	var ue *usageError
 	if errors.As(err, &ue) {
 		if ue.synopsis != "" {
@@ -81,6 +86,16 @@ type usageError struct {
 
 func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
+
+// exitError is an error with the exit status its command documents
+// (reconcile's 1, 2 and 3).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
 
 // SQLSTATEs of a schema older than the binary.
 const (
