@@ -78,9 +78,61 @@ func TestCLIErrorsAreOneLineOnStderrInWords(t *testing.T) {
 	if code != 2 || out != "" || strings.Count(stderr, "-bogus") != 1 || !strings.Contains(stderr, "usage: overage status") {
 		t.Fatalf("bad flag: exit %d, stdout %q, stderr %q", code, out, stderr)
 	}
+	// An unknown command: the error and where the list is, not the whole
+	// usage; a near miss names the command meant.
 	out, stderr, code = binary(t, env, "bill-everyone")
-	if code != 2 || out != "" || strings.Count(stderr, `unknown command "bill-everyone"`) != 1 || !strings.Contains(stderr, "Usage:") {
+	if code != 2 || out != "" || strings.Count(stderr, `unknown command "bill-everyone"`) != 1 || !strings.Contains(stderr, `"overage --help" lists the commands`) ||
+		strings.Count(stderr, "\n") != 2 || strings.Contains(stderr, "did you mean") {
 		t.Fatalf("unknown command: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	for typo, want := range map[string]string{"serv": "serve", "migrat": "migrate", "recnocile": "reconcile", "statsu": "status"} {
+		out, stderr, code = binary(t, env, typo)
+		if code != 2 || out != "" || !strings.Contains(stderr, `(did you mean "`+want+`"?)`) || strings.Count(stderr, "\n") != 2 {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", typo, code, out, stderr)
+		}
+	}
+
+	// A missing required flag is a usage error: 2, with the synopsis.
+	for _, tc := range []struct {
+		args     []string
+		missing  string
+		synopsis string
+	}{
+		{[]string{"tenant", "create", "--name", "Acme"}, "--stripe-customer", "usage: overage tenant create"},
+		{[]string{"tenant", "create"}, "--name, --stripe-customer", "usage: overage tenant create"},
+		{[]string{"review", "resolve", "0192f3a4-5b6c-7d8e-9f01-23456789abcd", "--as", "void"}, "--reason", "usage: overage review resolve"},
+	} {
+		out, stderr, code = binary(t, env, tc.args...)
+		if code != 2 || out != "" || !strings.Contains(stderr, "overage: missing required flag(s) "+tc.missing+"\n") || !strings.Contains(stderr, tc.synopsis) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", tc.args, code, out, stderr)
+		}
+	}
+
+	// A connection string that does not parse is named as where it came
+	// from, in one balanced message, without its password.
+	const password = "pw-in-a-bad-url"
+	bad := "postgres://app:" + password + "@db.example:notaport/overage"
+	out, stderr, code = binary(t, env, "status", "--database-url", bad)
+	if code != 2 || out != "" || !strings.Contains(stderr, "overage: --database-url: cannot parse the connection string") || strings.Contains(stderr, password) || strings.Contains(stderr, "`") {
+		t.Errorf("a bad --database-url: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	_, stderr, code = binary(t, map[string]string{"DATABASE_URL": bad}, "status")
+	if line := oneLine(t, "a bad DATABASE_URL", stderr); code != 1 || !strings.Contains(line, "DATABASE_URL: cannot parse the connection string (want ") || strings.Contains(line, password) || strings.Contains(line, "`") {
+		t.Errorf("a bad DATABASE_URL: exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestVersionAndWorkHelpSayWhatTheyDo(t *testing.T) {
+	t.Parallel()
+	out, stderr, code := binary(t, nil, "version", "--help")
+	if code != 0 || stderr != "" || !strings.HasPrefix(out, "Usage: overage version\n") || strings.Contains(out, versionLine()) || strings.Contains(out, "Flags") {
+		t.Errorf("version --help: exit %d, stdout %q, stderr %q", code, out, stderr)
+	}
+	out, _, code = binary(t, nil, "work", "--help")
+	for _, v := range []string{"STRIPE_SECRET_KEY", "STRIPE_API_BASE", "SWEEP_INTERVAL", "WORK_LISTEN_ADDR", "--database-url"} {
+		if code != 0 || !strings.Contains(out, v) {
+			t.Errorf("work --help does not name %s (exit %d):\n%s", v, code, out)
+		}
 	}
 }
 
