@@ -27,7 +27,10 @@ run: ## build the development binary; migrate and run everything on its embedded
 	$(GO) build -tags dev -buildvcs=auto -ldflags "-X main.commit=$(COMMIT)" -o $(DEV_BIN) ./cmd/overage
 	$(DEV_BIN) dev $(ARGS)
 
-# -tags dev: the tests cover `overage dev` too.
+# -tags dev: the tests cover `overage dev` too. Each test's database is
+# dropped when it ends; one migrated database, ovgtmpl_<hash>, is kept to be
+# cloned next time (an ordinary database: `dropdb ovgtmpl_...` removes it,
+# and a run drops those of other migration sets once a day old).
 test: ## every test, against a real PostgreSQL (DATABASE_URL), with the race detector
 	@$(WITH_TEST_DB) set -x; $(GO) test -tags dev -race -count=1 -timeout 30m ./...
 

@@ -162,7 +162,8 @@ func ReadConfig(getenv func(string) string) (*Config, BadVars) {
 // LoadConfigFromEnv reads the process environment.
 func LoadConfigFromEnv() (*Config, error) { return LoadConfig(os.Getenv) }
 
-// NewLogger is the binary's logger: JSON lines on w from level up.
+// NewLogger is the binary's logger: JSON lines on w from level up, with
+// durations as Go duration strings (logDurations).
 func NewLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level, ReplaceAttr: logDurations}))
 }

@@ -39,7 +39,8 @@ func OpenPool(ctx context.Context, databaseURL string, maxConns int32) (*pgxpool
 	return pool, nil
 }
 
-// RedactParseError keeps a connection string's password out of errors.
-func RedactParseError(err error) error {
-	return errors.New(strings.Split(err.Error(), ":")[0] + ": cannot parse the connection string")
+// RedactParseError keeps a connection string's password out of errors:
+// pgconn's message quotes the whole string, so none of it is kept.
+func RedactParseError(error) error {
+	return errors.New("cannot parse the connection string (want postgres://USER@HOST:PORT/DATABASE or key=value pairs)")
 }

@@ -67,10 +67,17 @@ type Server struct {
 	logger *slog.Logger
 }
 
-// NewServer connects, listens and wires the API; Run serves it.
+// NewServer connects, checks the schema is migrated (CheckSchema),
+// listens and wires the API; Run serves it.
 func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, error) {
 	pool, err := OpenPool(ctx, cfg.DatabaseURL, ServeMaxConns-adminMaxConns)
 	if err != nil {
+		return nil, err
+	}
+	// On an unmigrated database every request would fail while /readyz
+	// says ready: refuse to start instead.
+	if err := CheckSchema(ctx, pool); err != nil {
+		pool.Close()
 		return nil, err
 	}
 	adminPool, err := OpenPool(ctx, cfg.DatabaseURL, adminMaxConns)

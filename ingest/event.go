@@ -139,7 +139,7 @@ func parseEventViaDecoder(body []byte, now time.Time) (*Event, error) {
 	}
 	// A stream's first checkpoint may report nothing yet.
 	if len(fields) == 0 && ev.Stream == nil && ev.InputTokens == 0 && ev.OutputTokens == 0 {
-		bad("input_tokens", "input_tokens and output_tokens are both zero: nothing to record")
+		bad("input_tokens", "is zero, and so is output_tokens: nothing to record")
 	}
 
 	// Microseconds, what PostgreSQL stores: the answer, rendered before the

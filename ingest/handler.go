@@ -166,7 +166,7 @@ func (h *Handler) read(r *http.Request, limit int64) (*input, error) {
 func readKeyAndBody(r *http.Request, limit int64) (string, []byte, error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return "", nil, malformed("Content-Type", "must be application/json")
+			return "", nil, malformed("Content-Type", "the Content-Type header must be application/json")
 		}
 	}
 	key, err := parseIdempotencyKey(r.Header)

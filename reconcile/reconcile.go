@@ -51,8 +51,9 @@ type Params struct {
 	// MeterInputEvent and MeterOutputEvent are the meter event names
 	// (default DefaultMeterInputEvent, DefaultMeterOutputEvent).
 	MeterInputEvent, MeterOutputEvent string
-	// SettleAfter: rows newer than now minus this are too_recent (default
-	// DefaultSettleAfter; zero means the default, negative is an error).
+	// SettleAfter: rows newer than now minus this are too_recent; zero
+	// judges every window that has ended, negative is an error. The CLI's
+	// default is DefaultSettleAfter.
 	SettleAfter time.Duration
 	// Now is the time the report is made at (default time.Now()).
 	Now time.Time
@@ -141,6 +142,18 @@ type Report struct {
 
 // OK reports whether nothing differs. Too-recent rows are not differences.
 func (r *Report) OK() bool { return r.Differences == 0 }
+
+// Judged reports whether any window of the range could be compared: a
+// row that is not too recent, or settled days on which neither side holds
+// anything. A report of today alone is never judged.
+func (r *Report) Judged() bool {
+	for _, row := range r.Rows {
+		if row.Status != StatusTooRecent {
+			return true
+		}
+	}
+	return len(r.Rows) == 0 && r.TooRecentFrom != r.From
+}
 
 // ParseDay parses a YYYY-MM-DD day (UTC), as the --from and --to flags
 // take it.
@@ -292,9 +305,6 @@ func (p Params) withDefaults() (Params, error) {
 	if p.SettleAfter < 0 {
 		return p, fmt.Errorf("reconcile: settle-after %s must not be negative", p.SettleAfter)
 	}
-	if p.SettleAfter == 0 {
-		p.SettleAfter = DefaultSettleAfter
-	}
 	if p.MeterInputEvent == "" {
 		p.MeterInputEvent = DefaultMeterInputEvent
 	}
@@ -354,7 +364,7 @@ func scope(ctx context.Context, db overage.DB, tenantID *uuid.UUID) ([]Customer,
 	}
 	if tenantID != nil {
 		if len(customers) == 0 {
-			return nil, nil, fmt.Errorf("reconcile: no tenant %s", *tenantID)
+			return nil, nil, fmt.Errorf("reconcile: %w", overage.NotFound("tenant %s not found", *tenantID))
 		}
 		return customers, ids, nil
 	}

@@ -330,7 +330,7 @@ func TestTooRecentWindowsAreNotDifferences(t *testing.T) {
 	if err := reconcile.WriteText(&buf, rep); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(buf.String(), "OK: everything judged matches: 0 difference(s), 0 match(es), 10 too recent to judge") ||
+	if !strings.Contains(buf.String(), "NOT JUDGED: nothing could be compared yet: 0 difference(s), 0 match(es), 10 too recent to judge") ||
 		!strings.Contains(buf.String(), "every day from "+y) {
 		t.Errorf("text:\n%s", buf.String())
 	}

@@ -15,8 +15,8 @@ const (
 )
 
 // WriteText prints r for a human: a header, an aligned table with the
-// differences first (each naming customer, meter and day), a summary line,
-// and a line saying which windows are too recent to judge.
+// differences first (each naming customer, meter and day), a line saying
+// which windows are too recent to judge, and the verdict.
 func WriteText(w io.Writer, r *Report) error {
 	ew := &errWriter{w: w}
 	scope := "all tenants"
@@ -69,12 +69,8 @@ func WriteText(w io.Writer, r *Report) error {
 		}
 	}
 
-	verdict := "OK: everything judged matches"
-	if !r.OK() {
-		verdict = "DIFFERENT: the database and Stripe disagree"
-	}
-	ew.printf("%s: %d difference(s), %d match(es), %d too recent to judge\n", verdict, r.Differences, r.Matches, r.TooRecent)
-
+	// What cannot be judged comes before the verdict, so an OK line is
+	// never read without it.
 	var recent []string
 	if r.TooRecentFrom != "" {
 		recent = append(recent, "every day from "+r.TooRecentFrom)
@@ -89,6 +85,14 @@ func WriteText(w io.Writer, r *Report) error {
 		ew.printf("too recent to judge (Stripe's summaries are eventually consistent; settle cutoff %s, %s before the report): %s\n",
 			r.SettleCutoff.UTC().Format("2006-01-02T15:04:05Z"), r.SettleAfterText, strings.Join(recent, "; "))
 	}
+	verdict := "OK: everything judged matches"
+	switch {
+	case !r.OK():
+		verdict = "DIFFERENT: the database and Stripe disagree"
+	case !r.Judged():
+		verdict = "NOT JUDGED: nothing could be compared yet"
+	}
+	ew.printf("%s: %d difference(s), %d match(es), %d too recent to judge\n", verdict, r.Differences, r.Matches, r.TooRecent)
 	return ew.err
 }
 

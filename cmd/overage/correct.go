@@ -5,12 +5,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/outbox"
 )
 
 const correctSynopsis = "overage correct ID --input-tokens N --output-tokens M --reason TEXT [--key KEY]"
@@ -50,11 +46,13 @@ func cmdCorrect(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
+	// Insert-only and silent: River's logs are no part of a command's
+	// answer.
+	rc, err := app.NewInsertClient(pool, nil)
 	if err != nil {
-		return fmt.Errorf("river client: %w", err)
+		return err
 	}
-	svc := ingest.NewService(pool, outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay))
+	svc := ingest.NewService(pool, app.NewInserter(rc, cfg))
 	res, err := svc.Correct(ctx, ingest.CorrectParams{UsageLogID: id, Key: *key, Fingerprint: fp, InputTokens: *in, OutputTokens: *out, Reason: *reason})
 	if err != nil {
 		return fmt.Errorf("correct: %w", err)

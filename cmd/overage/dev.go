@@ -201,28 +201,6 @@ func devDatabase(ctx context.Context, dbURL string, out io.Writer) (string, func
 	return u, func() { _ = terminate(context.Background()) }, nil
 }
 
-func createDatabase(ctx context.Context, dbURL string) error {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return fmt.Errorf("DATABASE_URL: %w", app.RedactParseError(err))
-	}
-	name := strings.TrimPrefix(u.Path, "/")
-	u.Path = "/postgres"
-	conn, err := pgx.Connect(ctx, u.String())
-	if err != nil {
-		return fmt.Errorf("connect to create database %q: %w", name, err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile
-			return nil
-		}
-		return fmt.Errorf("create database %q: %w", name, err)
-	}
-	return nil
-}
-
 func redactURL(s string) string {
 	u, err := url.Parse(s)
 	if err != nil {

@@ -54,12 +54,17 @@ func main() {
 
 // exitStatus prints err, if any, as one line on stderr (and a command's
 // synopsis after a usage error) and returns the process's exit status:
-// 0 on success or --help, 2 on a usage error, 1 otherwise.
+// 0 on success or --help, 2 on a usage error, a command's own status
+// (exitError), 1 otherwise.
 func exitStatus(stderr io.Writer, err error) int {
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	fmt.Fprintf(stderr, "overage: %s\n", describe(err))
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
 	var ue *usageError
 	if errors.As(err, &ue) {
 		if ue.synopsis != "" {
@@ -82,10 +87,22 @@ type usageError struct {
 func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
 
+// exitError is an error with the exit status its command documents
+// (reconcile's 1, 2 and 3).
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
 // SQLSTATEs of a schema older than the binary.
 const (
 	undefinedTable  = "42P01"
 	undefinedColumn = "42703"
+	// A database that does not exist on a server that answers.
+	invalidCatalogName = "3D000"
 )
 
 // describe renders err for a person, on one line: an application error by
@@ -95,6 +112,10 @@ func describe(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == undefinedTable || pgErr.Code == undefinedColumn) {
 		return "the database is not migrated, or is older than this binary: run `overage migrate` (" + pgErr.Message + ")"
+	}
+	if errors.As(err, &pgErr) && pgErr.Code == invalidCatalogName {
+		// PostgreSQL answers, only the database is missing.
+		return "PostgreSQL answers but " + pgErr.Message + ": create it (createdb NAME, or CREATE DATABASE), or run `overage migrate --create-database`"
 	}
 	var connErr *pgconn.ConnectError
 	if errors.As(err, &connErr) {
@@ -165,9 +186,11 @@ func dispatch(ctx context.Context, args []string, e env) error {
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
-	case "version", "--version", "-version":
+	case "--version", "-version":
 		fmt.Fprintln(stdout, versionLine())
 		return nil
+	case "version":
+		return cmdVersion(e, args[1:])
 	case "migrate":
 		return cmdMigrate(ctx, e, args[1:])
 	case "serve":
@@ -187,9 +210,51 @@ func dispatch(ctx context.Context, args []string, e env) error {
 	case "correct":
 		return cmdCorrect(ctx, e, args[1:])
 	default:
-		fmt.Fprint(stderr, usage)
-		return &usageError{err: fmt.Errorf("unknown command %q", args[0])}
+		err := fmt.Errorf("unknown command %q", args[0])
+		if near := nearest(args[0], commands); near != "" {
+			err = fmt.Errorf("unknown command %q (did you mean %q?)", args[0], near)
+		}
+		return &usageError{err: err, synopsis: `overage COMMAND [flags]; "overage --help" lists the commands`}
 	}
+}
+
+// commands are the binary's commands, for "did you mean".
+var commands = []string{"migrate", "serve", "work", "tenant", "dev", "reconcile", "review", "status", "correct", "version"}
+
+// nearest is the candidate a mistyped word most likely meant: the one it
+// is a prefix of, else the one within two edits; "" when none is close.
+func nearest(word string, candidates []string) string {
+	best, bestDist := "", 3
+	for _, c := range candidates {
+		if len(word) >= 2 && strings.HasPrefix(c, word) {
+			return c
+		}
+		if d := editDistance(word, c); d < bestDist {
+			best, bestDist = c, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 // flags is a command's flag set with the synopsis its help and usage
@@ -216,10 +281,15 @@ func newFlags(e env, name, synopsis string) *flags {
 func (fs *flags) parse(args []string) error {
 	err := fs.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(fs.e.stdout, "Usage: %s\n\nFlags (each overrides its environment variable):\n", fs.synopsis)
-		fs.SetOutput(fs.e.stdout)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
+		fmt.Fprintf(fs.e.stdout, "Usage: %s\n", fs.synopsis)
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprint(fs.e.stdout, "\nFlags (each overrides its environment variable):\n")
+			fs.SetOutput(fs.e.stdout)
+			fs.PrintDefaults()
+			fs.SetOutput(io.Discard)
+		}
 		return err
 	}
 	if err == nil && fs.NArg() > 0 {
@@ -229,6 +299,22 @@ func (fs *flags) parse(args []string) error {
 		return fs.usageError(err)
 	}
 	return nil
+}
+
+// require is a usage error naming each of the flags that was not given.
+func (fs *flags) require(names ...string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var missing []string
+	for _, n := range names {
+		if !given[n] {
+			missing = append(missing, "--"+n)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return fs.usageError(fmt.Errorf("missing required flag(s) %s", strings.Join(missing, ", ")))
 }
 
 func (fs *flags) usageError(err error) error {
@@ -251,6 +337,11 @@ func loadConfig(e env, fs *flags, args []string, uses ...string) (*app.Config, e
 		return nil, err
 	}
 	if *dbURL != "" {
+		// Named as the flag it came from; the string itself is never shown
+		// (it may hold a password).
+		if _, err := pgconn.ParseConfig(*dbURL); err != nil {
+			return nil, fs.usageError(errors.New("--database-url: cannot parse the connection string (want postgres://USER@HOST:PORT/DATABASE or key=value pairs)"))
+		}
 		cfg.DatabaseURL = *dbURL
 	}
 	return cfg, nil

@@ -2,28 +2,94 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/migrations"
 )
 
 func cmdMigrate(ctx context.Context, e env, args []string) error {
-	fs := newFlags(e, "migrate", "overage migrate [--database-url URL]")
+	fs := newFlags(e, "migrate", "overage migrate [--create-database] [--database-url URL]")
+	create := fs.Bool("create-database", false, "create the database DATABASE_URL names if the server does not have it (connecting to the server's postgres database)")
 	cfg, err := loadConfig(e, fs, args, "LOG_LEVEL")
 	if err != nil {
 		return err
 	}
-	logger := app.NewLogger(e.stderr, cfg.LogLevel)
+	if *create {
+		created, err := ensureDatabase(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return err
+		}
+		if created {
+			fmt.Fprintln(e.stdout, "created the database")
+		}
+	}
 	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	res, err := migrations.Migrate(ctx, pool, logger)
+	// No logger: a person reads the lines below, one per thing done, not
+	// the migrators' JSON.
+	res, err := migrations.Migrate(ctx, pool, nil)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	if n := len(res.RiverVersions); n > 0 {
+		fmt.Fprintf(e.stdout, "applied River's migrations %03d to %03d\n", res.RiverVersions[0], res.RiverVersions[n-1])
+	}
+	for _, m := range res.Applied {
+		fmt.Fprintf(e.stdout, "applied %04d_%s\n", m.Version, m.Name)
+	}
 	fmt.Fprintf(e.stdout, "migrations applied: %d river, %d overage\n", len(res.RiverVersions), len(res.Applied))
+	return nil
+}
+
+// ensureDatabase creates the database dbURL names if its server answers
+// without it, and says whether it did.
+func ensureDatabase(ctx context.Context, dbURL string) (bool, error) {
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err == nil {
+		return false, conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != invalidCatalogName {
+		return false, err
+	}
+	if err := createDatabase(ctx, dbURL); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// createDatabase creates the database dbURL names, connected to the same
+// server's postgres database. One created meanwhile is fine.
+func createDatabase(ctx context.Context, dbURL string) error {
+	cc, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", app.RedactParseError(err))
+	}
+	name := cc.Database
+	if name == "" || strings.EqualFold(name, "postgres") {
+		return fmt.Errorf("DATABASE_URL names no database to create (%q)", name)
+	}
+	cc.Database = "postgres"
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("connect to create database %q: %w", name, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database: created meanwhile
+			return nil
+		}
+		return fmt.Errorf("create database %q: %w", name, err)
+	}
 	return nil
 }

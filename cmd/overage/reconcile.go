@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/reconcile"
 	"github.com/overage-billing/overage/stripeclient"
@@ -16,27 +18,53 @@ import (
 
 const reconcileSynopsis = "overage reconcile --from YYYY-MM-DD --to YYYY-MM-DD [--tenant ID] [--json] [--settle-after 2h]"
 
+// Exit statuses of reconcile, for a cron job to tell them apart.
+const (
+	reconcileDifference = 1 // the database and Stripe disagree
+	// reconcileNoVerdict: nothing could be judged yet, or the database or
+	// Stripe could not be read. (2 is a usage or configuration error.)
+	reconcileNoVerdict = 3
+)
+
 // cmdReconcile compares, per customer, meter and UTC day, the overage the
-// database holds as billed with Stripe's meter event summaries. It exits 1
-// when anything differs.
+// database holds as billed with Stripe's meter event summaries. It exits
+// 0 when everything judged matches, 1 on a difference, 2 on a usage or
+// configuration error, 3 when it could not judge.
 func cmdReconcile(ctx context.Context, e env, args []string) error {
-	fs := newFlags(e, "reconcile", reconcileSynopsis+"\n\nDays are UTC and both inclusive. Windows newer than --settle-after are reported as too recent to judge; exit status 1 means a difference")
+	fs := newFlags(e, "reconcile", reconcileSynopsis+`
+
+Days are UTC and both inclusive. Windows newer than --settle-after are reported as too recent to judge; today is always too recent.
+Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configuration error, 3 nothing could be judged yet or the database or Stripe could not be read.`)
 	from := fs.String("from", "", "first day, YYYY-MM-DD (UTC), required")
 	to := fs.String("to", "", "last day, YYYY-MM-DD (UTC, inclusive), required")
 	tenant := fs.String("tenant", "", "limit to one tenant's Stripe customer")
 	asJSON := fs.Bool("json", false, "print one JSON object")
-	settle := fs.Duration("settle-after", reconcile.DefaultSettleAfter, "how long Stripe's summaries and our retries need to settle")
-	cfg, err := loadConfig(e, fs, args, "STRIPE_API_BASE", "LOG_LEVEL")
+	settle := fs.Duration("settle-after", reconcile.DefaultSettleAfter, "how long Stripe's summaries and our retries need to settle (0s judges every day that has ended)")
+	cfg, err := loadConfig(e, fs, args, "STRIPE_API_BASE", "STRIPE_METER_INPUT_EVENT", "STRIPE_METER_OUTPUT_EVENT", "LOG_LEVEL")
+	var ue *usageError
+	if err != nil && !errors.As(err, &ue) {
+		return &exitError{code: 2, err: err} // a malformed variable
+	}
 	if err != nil {
 		return err
 	}
 	p := reconcile.Params{MeterInputEvent: cfg.MeterInputEvent, MeterOutputEvent: cfg.MeterOutputEvent, SettleAfter: *settle}
 	var errs []error
-	if p.From, err = reconcile.ParseDay(*from); err != nil {
+	if *from == "" {
+		errs = append(errs, errors.New("--from is required"))
+	} else if p.From, err = reconcile.ParseDay(*from); err != nil {
 		errs = append(errs, fmt.Errorf("--from: %w", err))
 	}
-	if p.To, err = reconcile.ParseDay(*to); err != nil {
+	if *to == "" {
+		errs = append(errs, errors.New("--to is required"))
+	} else if p.To, err = reconcile.ParseDay(*to); err != nil {
 		errs = append(errs, fmt.Errorf("--to: %w", err))
+	}
+	if !p.From.IsZero() && !p.To.IsZero() && p.From.After(p.To) {
+		errs = append(errs, fmt.Errorf("--from %s is after --to %s", *from, *to))
+	}
+	if *settle < 0 {
+		errs = append(errs, fmt.Errorf("--settle-after %s must not be negative", *settle))
 	}
 	if *tenant != "" {
 		id, err := uuid.Parse(*tenant)
@@ -48,25 +76,39 @@ func cmdReconcile(ctx context.Context, e env, args []string) error {
 	if err := errors.Join(errs...); err != nil {
 		return fs.usageError(err)
 	}
+	if cfg.MeterInputEvent == cfg.MeterOutputEvent {
+		return &exitError{code: 2, err: fmt.Errorf("STRIPE_METER_INPUT_EVENT and STRIPE_METER_OUTPUT_EVENT are both %q", cfg.MeterInputEvent)}
+	}
 	if cfg.StripeSecretKey == "" {
-		return errors.New("STRIPE_SECRET_KEY is required to read Stripe's meter event summaries")
+		return &exitError{code: 2, err: errors.New("STRIPE_SECRET_KEY is required to read Stripe's meter event summaries (sk_test_... with STRIPE_API_BASE pointing at an emulator or stripe-mock to try it out)")}
+	}
+	// stripe-go's own log lines (a WARN per failed request) would come
+	// before the one error line that says what failed: only at debug.
+	stripeLog := slog.New(slog.DiscardHandler)
+	if cfg.LogLevel < slog.LevelInfo {
+		stripeLog = app.NewLogger(e.stderr, cfg.LogLevel)
 	}
 	reader, err := stripeclient.NewSummaryReader(stripeclient.Config{
-		SecretKey: cfg.StripeSecretKey, APIBase: cfg.StripeAPIBase, Logger: app.NewLogger(e.stderr, cfg.LogLevel),
+		SecretKey: cfg.StripeSecretKey, APIBase: cfg.StripeAPIBase, Logger: stripeLog,
 	})
 	if err != nil {
-		return fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)
+		return &exitError{code: 2, err: fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)}
 	}
 	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
 	if err != nil {
-		return err
+		return &exitError{code: 2, err: err}
 	}
 	defer pool.Close()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
 	rep, err := reconcile.Run(rctx, pool, reader, p)
 	if err != nil {
-		return fmt.Errorf("reconcile: %w", err)
+		var appErr *overage.Error
+		if errors.As(err, &appErr) && appErr.Code == overage.ENOTFOUND {
+			return fs.usageError(err) // --tenant names no tenant
+		}
+		// Run's errors say "reconcile: ..." already.
+		return &exitError{code: reconcileNoVerdict, err: err}
 	}
 	if *asJSON {
 		if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
@@ -75,32 +117,22 @@ func cmdReconcile(ctx context.Context, e env, args []string) error {
 	} else if err := reconcile.WriteText(e.stdout, rep); err != nil {
 		return err
 	}
-	if msg := nothingJudged(rep); msg != "" {
-		// On stderr with --json, so the JSON on stdout stays one object.
-		w := e.stdout
-		if *asJSON {
-			w = e.stderr
-		}
-		fmt.Fprintln(w, msg)
-	}
 	if !rep.OK() {
-		return fmt.Errorf("reconciliation found %d difference(s) between the database and Stripe", rep.Differences)
+		return &exitError{code: reconcileDifference, err: fmt.Errorf("reconciliation found %d difference(s) between the database and Stripe", rep.Differences)}
+	}
+	if msg := nothingJudged(rep); msg != "" {
+		// A clean exit must not pass for "everything matches".
+		return &exitError{code: reconcileNoVerdict, err: errors.New(msg)}
 	}
 	return nil
 }
 
-// nothingJudged says so when no window of the range could be compared yet:
-// a clean exit must not pass for "everything matches".
+// nothingJudged says so when no window of the range could be compared yet.
 func nothingJudged(rep *reconcile.Report) string {
-	for _, r := range rep.Rows {
-		if r.Status != reconcile.StatusTooRecent {
-			return ""
-		}
+	if rep.Judged() {
+		return ""
 	}
-	if len(rep.Rows) == 0 && rep.TooRecentFrom != rep.From {
-		return "" // settled days with nothing billed and nothing in Stripe: they agree
-	}
-	msg := "nothing could be judged yet: every day in the range is too recent (newer than --settle-after, or still being billed)"
+	msg := "nothing could be judged yet: every day in the range is too recent (newer than --settle-after, or still being billed; today always is)"
 	if rep.TooRecentFrom != "" && rep.TooRecentFrom != rep.From {
 		msg += "; days before " + rep.TooRecentFrom + " had nothing billed"
 	}

@@ -38,7 +38,7 @@ func cmdReview(ctx context.Context, e env, args []string) error {
 func cmdReviewList(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "review list", reviewListSynopsis)
 	tenant := fs.String("tenant", "", "only this tenant's logs")
-	asJSON := fs.Bool("json", false, "print JSON")
+	asJSON := fs.Bool("json", false, `print one JSON object, {"usage_logs": [...]}`)
 	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
 	if err != nil {
 		return err
@@ -57,7 +57,13 @@ func cmdReviewList(ctx context.Context, e env, args []string) error {
 		return fmt.Errorf("review list: %w", err)
 	}
 	if *asJSON {
-		return json.NewEncoder(e.stdout).Encode(items)
+		// An object, as every list of the API and the CLI is.
+		if items == nil {
+			items = []review.Item{}
+		}
+		return json.NewEncoder(e.stdout).Encode(struct {
+			UsageLogs []review.Item `json:"usage_logs"`
+		}{items})
 	}
 	return review.WriteTable(e.stdout, items)
 }
@@ -76,6 +82,9 @@ func cmdReviewResolve(ctx context.Context, e env, args []string) error {
 	id := ids[0]
 	cfg, err := loadConfig(e, fs, rest, "STRIPE_IDEMPOTENCY_WINDOW", "REPORT_MAX_ATTEMPTS")
 	if err != nil {
+		return err
+	}
+	if err := fs.require("as", "reason"); err != nil {
 		return err
 	}
 	p := review.ResolveParams{UsageLogID: id, Action: review.Action(*as), Reason: *reason, Actor: *by, Force: *force,

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -28,6 +29,16 @@ func TestReviewListAndResolveAreAudited(t *testing.T) {
 	if err != nil || !strings.Contains(out, id) || !strings.Contains(out, "first sent two days ago") {
 		t.Fatalf("review list: %v\n%s", err, out)
 	}
+	// --json is one object, as every list is.
+	out, _, err = runCmd(t, env, "review", "list", "--json")
+	var listed struct {
+		UsageLogs []struct {
+			UsageLogID string `json:"usage_log_id"`
+		} `json:"usage_logs"`
+	}
+	if err != nil || json.Unmarshal([]byte(out), &listed) != nil || len(listed.UsageLogs) != 1 || listed.UsageLogs[0].UsageLogID != id {
+		t.Fatalf("review list --json: %v\n%s", err, out)
+	}
 	if _, _, err := runCmd(t, env, "review", "resolve", id, "--as", "void"); err == nil || !strings.Contains(err.Error(), "--reason") {
 		t.Fatalf("resolve without a reason: %v", err)
 	}
@@ -44,5 +55,8 @@ func TestReviewListAndResolveAreAudited(t *testing.T) {
 	}
 	if out, _, _ := runCmd(t, env, "review", "list"); strings.Contains(out, id) {
 		t.Fatalf("a resolved log is still listed:\n%s", out)
+	}
+	if out, _, err := runCmd(t, env, "review", "list", "--json"); err != nil || out != "{\"usage_logs\":[]}\n" {
+		t.Fatalf("review list --json of nothing: %v %q", err, out)
 	}
 }

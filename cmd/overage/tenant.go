@@ -89,6 +89,9 @@ func cmdTenantCreate(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := fs.require("name", "stripe-customer"); err != nil {
+		return err
+	}
 	if err := p.Validate(); err != nil {
 		return err
 	}

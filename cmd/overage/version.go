@@ -1,9 +1,20 @@
 package main
 
 import (
+	"fmt"
 	"runtime/debug"
 	"strings"
 )
+
+// cmdVersion prints versionLine; --help says so instead.
+func cmdVersion(e env, args []string) error {
+	fs := newFlags(e, "version", "overage version\n\nPrints the module version and the commit this binary was built from (also: overage --version).")
+	if err := fs.parse(args); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(e.stdout, versionLine())
+	return err
+}
 
 // commit is set by `make build` (-ldflags -X main.commit=...) where the Go
 // toolchain does not stamp vcs.revision itself.

@@ -10,6 +10,11 @@
 // template database (named after a hash of the migrations, so a changed
 // migration makes a new template) and each test clones it with CREATE
 // DATABASE ... TEMPLATE, which is a file copy.
+//
+// The template is kept between runs, to be cloned again, but it is an
+// ordinary database (not IS_TEMPLATE, which dropdb refuses): `dropdb
+// ovgtmpl_...` removes it at any time, and a run drops the templates of
+// other migration sets once they are a day old (templateMaxAge).
 package pgtest
 
 import (
@@ -151,6 +156,9 @@ func ensureTemplate(ctx context.Context, server string) (string, error) {
 		return "", err
 	}
 	fmt.Fprintf(h, "river %d\n", len(riverMigrator.AllVersions()))
+	// The template's format: an older pgtest (IS_TEMPLATE, no comment)
+	// in another work tree never shares a template with this one.
+	fmt.Fprintf(h, "pgtest template v2\n")
 	sum := h.Sum(nil)
 	name := "ovgtmpl_" + hex.EncodeToString(sum[:6])
 
@@ -170,9 +178,11 @@ func ensureTemplate(ctx context.Context, server string) (string, error) {
 	}
 	defer func() { _, _ = admin.Exec(ctx, "SELECT pg_advisory_unlock($1)", lockID) }()
 
-	var isTemplate bool
-	err = admin.QueryRow(ctx, "SELECT datistemplate FROM pg_database WHERE datname = $1", name).Scan(&isTemplate)
-	if err == nil && isTemplate {
+	dropStaleTemplates(ctx, admin, name)
+	// Complete once its comment says when it was built.
+	var comment *string
+	err = admin.QueryRow(ctx, "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1", name).Scan(&comment)
+	if err == nil && comment != nil && strings.HasPrefix(*comment, templateComment) {
 		templateReady[name] = true
 		return name, nil
 	}
@@ -192,8 +202,8 @@ func ensureTemplate(ctx context.Context, server string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("migrate template: %w", err)
 	}
-	if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE %s IS_TEMPLATE true", name)); err != nil {
-		return "", fmt.Errorf("mark template: %w", err)
+	if err := markTemplate(ctx, admin, name); err != nil {
+		return "", err
 	}
 	templateReady[name] = true
 	return name, nil
@@ -207,6 +217,53 @@ func ensurePartitions(ctx context.Context, dbURL string) error {
 	defer conn.Close(ctx)
 	_, err = idempotency.EnsurePartitions(ctx, conn)
 	return err
+}
+
+// templateComment starts the comment that marks a template complete; the
+// time it was built follows.
+const templateComment = "overage test template, built "
+
+// templateMaxAge is how old the template of another migration set may be
+// before a run drops it: younger, another work tree's tests may be
+// cloning it.
+const templateMaxAge = 24 * time.Hour
+
+// markTemplate records the template as complete. It stays an ordinary
+// database (not IS_TEMPLATE), which dropdb can remove.
+func markTemplate(ctx context.Context, admin *pgx.Conn, name string) error {
+	comment := templateComment + time.Now().UTC().Format(time.RFC3339)
+	if _, err := admin.Exec(ctx, fmt.Sprintf("COMMENT ON DATABASE %s IS '%s'", name, comment)); err != nil {
+		return fmt.Errorf("mark template %s complete: %w", name, err)
+	}
+	return nil
+}
+
+// dropStaleTemplates drops the templates of other migration sets built
+// more than templateMaxAge ago. A failure (one in use, say) leaves it for
+// the next run. An older pgtest's IS_TEMPLATE ones are left alone (their
+// tests may be running); ALTER DATABASE ... IS_TEMPLATE false lets dropdb
+// remove one.
+func dropStaleTemplates(ctx context.Context, admin *pgx.Conn, keep string) {
+	rows, err := admin.Query(ctx, `SELECT datname, coalesce(shobj_description(oid, 'pg_database'), '')
+		FROM pg_database WHERE datname LIKE 'ovgtmpl\_%' AND datname <> $1 AND NOT datistemplate`, keep)
+	if err != nil {
+		return
+	}
+	type db struct{ name, comment string }
+	dbs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (db, error) {
+		var d db
+		return d, r.Scan(&d.name, &d.comment)
+	})
+	if err != nil {
+		return
+	}
+	for _, d := range dbs {
+		built, err := time.Parse(time.RFC3339, strings.TrimPrefix(d.comment, templateComment))
+		if err != nil || time.Since(built) < templateMaxAge {
+			continue
+		}
+		_, _ = admin.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s", d.name))
+	}
 }
 
 func withDatabase(server, name string) string {

@@ -12,8 +12,10 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -24,11 +26,28 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "stripe-emulator:", err)
-		os.Exit(1)
-	}
+	os.Exit(exitStatus(run(os.Args[1:])))
 }
+
+// exitStatus prints err as one line on stderr and returns the exit
+// status: 0 on success or -h, 2 on a bad flag, 1 otherwise.
+func exitStatus(err error) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "stripe-emulator:", err)
+	if errors.As(err, new(*usageError)) {
+		fmt.Fprintln(os.Stderr, "run \"stripe-emulator -h\" for its flags")
+		return 2
+	}
+	return 1
+}
+
+// usageError is a command line that does not parse.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
 
 func run(args []string) error {
 	fs := flag.NewFlagSet("stripe-emulator", flag.ContinueOnError)
@@ -44,8 +63,17 @@ func run(args []string) error {
 	keyTTL := fs.Duration("key-ttl", emulator.DefaultKeyTTL, "how long idempotency keys are remembered")
 	idTTL := fs.Duration("identifier-ttl", emulator.DefaultIdentifierTTL, "how long meter event identifiers stay unique")
 	verbose := fs.Bool("v", false, "log every request to stderr")
+	// The flag package would print the usage on stderr after any error:
+	// -h prints it on stdout, a bad flag is one line.
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stdout, "Usage: stripe-emulator [flags]\n\nServes a stateful Stripe emulator; prints its base URL (STRIPE_API_BASE) on the first line.\n\nFlags:")
+			fs.SetOutput(os.Stdout)
+			fs.PrintDefaults()
+			return err
+		}
+		return &usageError{err}
 	}
 	for name, r := range map[string]float64{"-lost": *lost, "-5xx": *serverErr, "-429": *rateLimit} {
 		if r < 0 || r > 1 {

@@ -23,11 +23,7 @@ const childEnv = "STRIPE_EMULATOR_TEST_ARGS"
 
 func TestMain(m *testing.M) {
 	if args, ok := os.LookupEnv(childEnv); ok {
-		if err := run(strings.Fields(args)); err != nil {
-			os.Stderr.WriteString(err.Error() + "\n")
-			os.Exit(1)
-		}
-		os.Exit(0)
+		os.Exit(exitStatus(run(strings.Fields(args))))
 	}
 	os.Exit(m.Run())
 }
@@ -126,5 +122,24 @@ func getJSON(t *testing.T, url string, v any) {
 	defer resp.Body.Close()
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		t.Fatalf("GET %s: decoding: %v", url, err)
+	}
+}
+
+func TestHelpExitsZeroAndABadFlagTwo(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args       string
+		code       int
+		out, inErr string
+	}{{"-h", 0, "-addr", ""}, {"--help", 0, "-lost", ""}, {"-bogus", 2, "", "-bogus"}} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+tc.args)
+		var out, errOut strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		_ = cmd.Run()
+		if code := cmd.ProcessState.ExitCode(); code != tc.code || !strings.Contains(out.String(), tc.out) || !strings.Contains(errOut.String(), tc.inErr) ||
+			(tc.code == 0 && errOut.Len() > 0) || (tc.code != 0 && strings.Count(errOut.String(), "\n") != 2) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q", tc.args, code, out.String(), errOut.String())
+		}
 	}
 }

@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage/internal/pgtest"
+)
+
+// readmeSection is the heading of the README's production path.
+const readmeSection = "## Running in production, step by step"
+
+// productionSteps returns the shell block of the README's production path:
+// the first ```sh block after its heading.
+func productionSteps(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "\n"+readmeSection+"\n")
+	if !ok {
+		t.Fatalf("README.md has no %q section", readmeSection)
+	}
+	_, rest, ok = strings.Cut(rest, "\n```sh\n")
+	if !ok {
+		t.Fatalf("the %q section has no sh block", readmeSection)
+	}
+	block, _, ok := strings.Cut(rest, "\n```\n")
+	if !ok {
+		t.Fatal("the production path's sh block does not end")
+	}
+	return block + "\n"
+}
+
+// freeAddr is a loopback address with a port nothing listens on now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestReadmeProductionPath runs the README's numbered production steps as
+// written — build, create and migrate the database, the emulator, serve
+// and work, a tenant, an event, its billing, reconciliation — with only the
+// database and the two ports replaced by the test's own.
+func TestReadmeProductionPath(t *testing.T) {
+	t.Parallel()
+	steps := productionSteps(t)
+	for i := 1; i <= 9; i++ {
+		if !strings.Contains(steps, fmt.Sprintf("\n# %d. ", i)) && !strings.HasPrefix(steps, fmt.Sprintf("# %d. ", i)) {
+			t.Errorf("the production path has no step %d", i)
+		}
+	}
+
+	server := pgtest.ServerURL(t)
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "ovgtest_readme_" + strings.ToLower(fmt.Sprintf("%x", time.Now().UnixNano()))
+	u.Path = "/" + name
+	t.Cleanup(func() {
+		if c, err := pgx.Connect(context.Background(), server); err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(context.Background())
+		}
+	})
+	for written, ours := range map[string]string{
+		"postgres://postgres@localhost:5432/overage?sslmode=disable": u.String(),
+		"127.0.0.1:8080":  freeAddr(t),
+		"127.0.0.1:12180": freeAddr(t),
+	} {
+		if !strings.Contains(steps, written) {
+			t.Fatalf("the production path no longer names %s", written)
+		}
+		steps = strings.ReplaceAll(steps, written, ours)
+	}
+	script := t.TempDir() + "/steps.sh"
+	if err := os.WriteFile(script, []byte(steps), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", script)
+	cmd.Dir = "../.."
+	// The process's own settings would change what the steps do.
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "STRIPE_") || strings.HasPrefix(k, "REPORT_") || strings.HasPrefix(k, "SWEEP_") ||
+			k == "DATABASE_URL" || k == "LISTEN_ADDR" || k == "WORK_LISTEN_ADDR" || k == "ADMIN_TOKEN" || k == "LOG_LEVEL" || k == childEnv {
+			continue
+		}
+		cmd.Env = append(cmd.Env, kv)
+	}
+	// Its own process group, so serve, work and the emulator it starts in
+	// the background go with it whatever happens.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	err = cmd.Wait()
+	text := out.String()
+	if err != nil {
+		t.Fatalf("the production path failed: %v\n%s", err, text)
+	}
+	for _, want := range []string{
+		"migrations applied: ", `"api_key":"ovg_`, `"overage":{"input_tokens":200,"output_tokens":350}`,
+		"OK: everything judged matches: 0 difference(s), 2 match(es), 0 too recent to judge",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the production path's output lacks %q:\n%s", want, text)
+		}
+	}
+}
