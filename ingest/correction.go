@@ -214,7 +214,11 @@ func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp
 	case err != nil:
 		return nil, fmt.Errorf("read idempotency record: %w", err)
 	case !rec.expired:
-		out, err := rec.replay(fp)
+		recorded, err := readRecordedLogs(ctx, tx, map[string]storedResponse{key: rec})
+		if err != nil {
+			return nil, err
+		}
+		out, err := rec.replay(fp, recorded)
 		k.replay = out
 		return k, err
 	default:

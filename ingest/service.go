@@ -137,7 +137,7 @@ type BatchParams struct {
 // Record executes a usage event under its idempotency key; see the package
 // documentation for the protocol.
 func (s *Service) Record(ctx context.Context, p RecordParams) (*Outcome, error) {
-	m := &groupMember{key: p.Key, fingerprint: p.Fingerprint, events: []*Event{p.Event}, render: renderSingle}
+	m := &groupMember{key: p.Key, fingerprint: p.Fingerprint, events: []*Event{p.Event}, render: renderSingle, compact: true}
 	if s.coalesce != nil {
 		return s.coalesce.record(ctx, p.TenantID, m)
 	}
@@ -160,6 +160,9 @@ type groupMember struct {
 	events      []*Event
 	render      renderer
 	first       int // index of its first event in its group's events
+	// compact: a new log's answer is stored as its log id alone and
+	// rendered again on replay (renderAsRecorded), a single event's.
+	compact bool
 }
 
 // group is what one ingest transaction executes: one request (a batch, a
@@ -262,13 +265,17 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	if err != nil {
 		return nil, err
 	}
+	recorded, err := readRecordedLogs(ctx, tx, st.recs)
+	if err != nil {
+		return nil, err
+	}
 	answers := make([]answer, len(g.members))
 	var active []int // the members this transaction records
 	for i, m := range g.members {
 		rec, found := st.recs[m.key]
 		switch {
 		case found && !rec.expired:
-			answers[i].out, answers[i].err = rec.replay(m.fingerprint)
+			answers[i].out, answers[i].err = rec.replay(m.fingerprint, recorded)
 		case !st.locked[i]:
 			answers[i].err = errInProgress()
 		default:
@@ -692,6 +699,9 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 	for i, mi := range active {
 		m, out := g.members[mi], answers[mi].out
 		keys[i], fps[i], statuses[i], bodies[i], logIDs[i] = pgString(m.key), m.fingerprint, int32(out.Status), out.Body, nullID(out.UsageLogID)
+		if m.compact && out.Kind == OutcomeNew {
+			bodies[i] = []byte{}
+		}
 	}
 	b.Queue(insertKeysSQL, pgUUID(g.tenantID), keys, fps, statuses, bodies, logIDs, KeyTTL.Seconds())
 	b.Queue(`COMMIT`)
@@ -864,10 +874,33 @@ type expiredKey struct {
 	expiresAt time.Time
 }
 
-func (r storedResponse) replay(fp []byte) (*Outcome, error) {
+// compact reports whether the record holds only its new log's id: the
+// answer of a single event that recorded a log, rendered again on replay.
+// An answer is about 600 bytes of JSON, most of a record; the log holds
+// everything it said.
+func (r storedResponse) compact() bool {
+	return len(r.body) == 0 && r.usageLogID != nil && r.status == http.StatusAccepted
+}
+
+// replay answers a request under the record's key: its stored answer,
+// byte for byte, or 409 for another body. recorded holds the logs of the
+// compact records (readRecordedLogs).
+func (r storedResponse) replay(fp []byte, recorded map[uuid.UUID]*overage.UsageLog) (*Outcome, error) {
 	if string(r.fingerprint) != string(fp) {
 		return nil, overage.Errorf(overage.ECONFLICT, "idempotency-key-reused",
 			"this Idempotency-Key was already used with a different request body; use a new key for a new event")
+	}
+	if r.compact() {
+		l, ok := recorded[*r.usageLogID]
+		if !ok {
+			return nil, fmt.Errorf("replay: usage log %s of a stored answer is missing", *r.usageLogID)
+		}
+		out, err := renderAsRecorded(l)
+		if err != nil {
+			return nil, err
+		}
+		out.Kind = OutcomeReplay
+		return out, nil
 	}
 	out := &Outcome{Status: r.status, Body: r.body, Kind: OutcomeReplay}
 	if r.usageLogID != nil {
@@ -972,4 +1005,50 @@ func isRetryable(err error) bool {
 // dbError marks an unreachable database as EUNAVAILABLE (503).
 func dbError(err error) error {
 	return dberr.Classify(err, "the usage database is unreachable; nothing was recorded, retry with the same Idempotency-Key")
+}
+
+// renderAsRecorded is the answer a single event got when it recorded l:
+// the log as it was then, before any report touched it (its initial
+// status, nothing sent or billed yet).
+func renderAsRecorded(l *overage.UsageLog) (*Outcome, error) {
+	then := *l
+	then.BillingStatus = overage.BillingStatusNotBillable
+	if then.Overage.Billable() {
+		then.BillingStatus = overage.BillingStatusPending
+	}
+	then.BilledAt, then.FirstAttemptAt, then.BillingMessage = nil, nil, nil
+	then.StripeEvents = meterEvents(then.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
+	then.CorrectedTotals, then.Corrections = nil, nil
+	return renderSingle([]result{{log: &then}})
+}
+
+// readRecordedLogs reads the logs of the live compact records among recs,
+// by id (none: no query).
+func readRecordedLogs(ctx context.Context, q overage.DB, recs map[string]storedResponse) (map[uuid.UUID]*overage.UsageLog, error) {
+	var ids pgArray[pgtype.UUID]
+	for _, r := range recs {
+		if r.compact() && !r.expired {
+			ids = append(ids, pgUUID(*r.usageLogID))
+		}
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[uuid.UUID]*overage.UsageLog, len(ids))
+	for rows.Next() {
+		l, err := scanLog(rows)
+		if err != nil {
+			return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
+		}
+		out[l.ID] = l
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
+	}
+	return out, nil
 }
