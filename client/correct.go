@@ -22,7 +22,7 @@ type CorrectionResult struct {
 	Log UsageLog
 	// Corrects is the id of the corrected usage log.
 	Corrects string
-	// StripeTimestamp is "usage" when the meter event carries the
+	// StripeTimestamp is "original" when the meter event carries the
 	// original's time (its period still open), else "correction".
 	StripeTimestamp string
 	Replayed        bool

@@ -73,9 +73,9 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(bodies[2]["reasoning_output_tokens"], 1)
 
     def test_correct(self) -> None:
-        srv = self.serve({"status": 202, "body": {"id": "c1", "kind": "correction", "stripe_timestamp": "usage"}})
+        srv = self.serve({"status": 202, "body": {"id": "c1", "kind": "correction", "stripe_timestamp": "original"}})
         r = self.client(srv).correct("log/1", 10, 0, "recount", idempotency_key="fix-1")
-        self.assertEqual((r.log["id"], r.stripe_timestamp, r.key), ("c1", "usage", "fix-1"))
+        self.assertEqual((r.log["id"], r.stripe_timestamp, r.key), ("c1", "original", "fix-1"))
         self.assertEqual(srv.seen[0].path, "/v1/usage-events/log%2F1/corrections")
         self.assertEqual(json.loads(srv.seen[0].body), {"input_tokens": 10, "output_tokens": 0, "reason": "recount"})
 

@@ -135,7 +135,7 @@ export interface CorrectionInput {
 
 export interface CorrectionResult {
   log: UsageLog;
-  /** "usage" (the original's time) or "correction": which time the Stripe meter event carries. */
+  /** "original" (the original's time) or "correction": which time the Stripe meter event carries. */
   stripeTimestamp: string;
   replayed: boolean;
   key: string;

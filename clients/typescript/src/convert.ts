@@ -28,8 +28,10 @@ function str(v: unknown): string | undefined {
  * (`prompt_tokens`), `outputTokens` (`completion_tokens`) and, where present,
  * `cacheReadInputTokens` (`prompt_tokens_details.cached_tokens`) and
  * `reasoningOutputTokens` (`completion_tokens_details.reasoning_tokens`),
- * which OpenAI already counts inside the totals. Add `userId` and pass it to
- * `record`.
+ * which OpenAI already counts inside the totals; `timestamp` from its
+ * `created` (or `created_at`), so reporting the same response again sends
+ * the same body and is answered with the stored outcome, not a key reuse.
+ * Add `userId` and pass it to `record`.
  */
 export function fromOpenAI(response: unknown): Omit<UsageEventInput, "userId"> {
   const r = obj(response);
@@ -48,6 +50,10 @@ export function fromOpenAI(response: unknown): Omit<UsageEventInput, "userId"> {
     inputTokens: int(usage, chat ? "prompt_tokens" : "input_tokens"),
     outputTokens: int(usage, chat ? "completion_tokens" : "output_tokens"),
   };
+  const created = r["created"] ?? r["created_at"];
+  if (typeof created === "number" && Number.isInteger(created) && created > 0) {
+    ev.timestamp = new Date(created * 1000).toISOString().replace(".000Z", "Z");
+  }
   const cached = int(obj(usage[chat ? "prompt_tokens_details" : "input_tokens_details"]), "cached_tokens");
   const reasoning = int(obj(usage[chat ? "completion_tokens_details" : "output_tokens_details"]), "reasoning_tokens");
   if (cached) ev.cacheReadInputTokens = cached;

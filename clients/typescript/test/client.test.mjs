@@ -49,9 +49,9 @@ describe("Client", () => {
   });
 
   it("correct", async (t) => {
-    const srv = await serve(t, { status: 202, body: { id: "c1", kind: "correction", stripe_timestamp: "usage" } });
+    const srv = await serve(t, { status: 202, body: { id: "c1", kind: "correction", stripe_timestamp: "original" } });
     const r = await client(srv).correct("log/1", { inputTokens: 10, outputTokens: 0, reason: "recount" }, { idempotencyKey: "fix-1" });
-    assert.deepEqual([r.log.id, r.stripeTimestamp, r.key], ["c1", "usage", "fix-1"]);
+    assert.deepEqual([r.log.id, r.stripeTimestamp, r.key], ["c1", "original", "fix-1"]);
     assert.equal(srv.seen[0].path, "/v1/usage-events/log%2F1/corrections");
     assert.deepEqual(JSON.parse(srv.seen[0].body), { input_tokens: 10, output_tokens: 0, reason: "recount" });
   });

@@ -109,7 +109,7 @@ class CorrectionResult:
     """The outcome of ``correct``: the new usage log of kind correction."""
 
     log: Dict[str, Any]
-    #: "usage" (the original's time) or "correction" (the time of the
+    #: "original" (the original's time) or "correction" (the time of the
     #: correction): which time the Stripe meter event carries.
     stripe_timestamp: str
     replayed: bool

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Any, Dict, Mapping, Optional
 
 __all__ = ["from_openai", "from_anthropic"]
@@ -46,7 +47,10 @@ def from_openai(response: Any) -> Dict[str, Any]:
     ``cache_read_input_tokens`` (``prompt_tokens_details.cached_tokens``)
     and ``reasoning_output_tokens``
     (``completion_tokens_details.reasoning_tokens``), which OpenAI already
-    counts inside the totals. Add ``user_id`` and pass it to ``record``."""
+    counts inside the totals; ``timestamp`` from its ``created`` (or
+    ``created_at``), so reporting the same response again sends the same
+    body and is answered with the stored outcome, not a key reuse. Add
+    ``user_id`` and pass it to ``record``."""
     r = _plain(response)
     usage = _plain(r.get("usage")) if r else None
     if not usage:
@@ -61,6 +65,9 @@ def from_openai(response: Any) -> Dict[str, Any]:
         inp, out = _int(usage, "input_tokens"), _int(usage, "output_tokens")
         in_details, out_details = _plain(usage.get("input_tokens_details")), _plain(usage.get("output_tokens_details"))
     ev: Dict[str, Any] = {"request_id": r.get("id"), "model_id": r.get("model"), "input_tokens": inp, "output_tokens": out}
+    created = r.get("created", r.get("created_at"))
+    if isinstance(created, int) and not isinstance(created, bool) and created > 0:
+        ev["timestamp"] = _dt.datetime.fromtimestamp(created, _dt.timezone.utc).isoformat().replace("+00:00", "Z")
     return _put_counts(
         ev,
         cache_read_input_tokens=_int(in_details, "cached_tokens"),
