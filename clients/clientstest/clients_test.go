@@ -168,10 +168,48 @@ func TestTypeScriptClient(t *testing.T) {
 	if c := nodeCounts(out); c["pass"] < 40 || c["fail"] != 0 || c["cancelled"] != 0 {
 		t.Fatalf("typescript suite: %v\n%s", c, out)
 	}
+	consumerInstalls(t, work, npm, env)
 	out = run(t, dir, append(env, l.env()...), "node", "--test", "test/live.test.mjs")
 	if c := nodeCounts(out); c["pass"] < 6 || c["fail"] != 0 || c["skipped"] != 0 || c["cancelled"] != 0 {
 		t.Fatalf("typescript live tests: %v\n%s", c, out)
 	}
+}
+
+// consumerInstalls installs the built package into another project with
+// npm install <folder>, imports it from plain JavaScript and type-checks
+// TypeScript written against its declarations.
+func consumerInstalls(t *testing.T, work, npm string, env []string) {
+	t.Helper()
+	dir := filepath.Join(work, "consumer")
+	files := map[string]string{
+		"package.json": `{"name":"consumer","version":"1.0.0","private":true,"type":"module"}`,
+		"tsconfig.json": `{"compilerOptions":{"module":"NodeNext","moduleResolution":"NodeNext","target":"ES2022","strict":true,"noEmit":true,` +
+			`"lib":["ES2022","DOM"],"types":[]},"files":["check.ts"]}`,
+		"check.ts": `import { Client, fromOpenAI, OverageError, type RecordResult } from "overage-client";
+const c = new Client({ baseUrl: "http://127.0.0.1:1", apiKey: "k", maxAttempts: 1 });
+const ev = fromOpenAI({ id: "chatcmpl-1", model: "gpt-4o", usage: { prompt_tokens: 3, completion_tokens: 1 } });
+const p: Promise<RecordResult> = c.record({ userId: "u_42", ...ev });
+p.catch((e: unknown) => { if (!(e instanceof OverageError)) throw e; });
+`,
+		"check.mjs": `import { Client, verifyWebhook, signWebhook } from "overage-client";
+const sig = signWebhook("{}", "whsec_x", 1000);
+if (typeof Client !== "function" || verifyWebhook("{}", sig, "whsec_x", { now: 1000 }) === null) process.exit(1);
+console.log("imported");
+`,
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(t, dir, env, npm, "install", "--no-save", "../typescript")
+	if out := run(t, dir, nil, "node", "check.mjs"); strings.TrimSpace(out) != "imported" {
+		t.Fatalf("node check.mjs printed %q", out)
+	}
+	run(t, dir, nil, filepath.Join(work, "typescript", "node_modules", ".bin", "tsc"), "-p", "tsconfig.json")
 }
 
 // copyTree copies the files of src to dst, leaving out node_modules and dist.
