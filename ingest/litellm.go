@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"mime"
 	"net/http"
@@ -19,8 +20,8 @@ import (
 )
 
 // POST /v1/integrations/litellm takes the deliveries of LiteLLM's generic
-// logging callback: a JSON list of its StandardLoggingPayload objects (a
-// single object is taken as a list of one). Each payload of a successful
+// logging callback: a JSON list of its StandardLoggingPayload objects (its
+// log_format json_array; single and ndjson are taken too). Each payload of a successful
 // call becomes a usage event of a batch — its id as request_id, model as
 // model_id, prompt_tokens and completion_tokens as the token counts,
 // end_user as user_id, endTime as the timestamp — and the answer is the
@@ -133,8 +134,17 @@ func litellmEvents(body []byte) ([]litellmEvent, []int, error) {
 	var payloads []litellmPayload
 	var err error
 	if len(trimmed) > 0 && trimmed[0] == '{' {
-		payloads = make([]litellmPayload, 1)
-		err = json.Unmarshal(trimmed, &payloads[0])
+		// log_format single (one object) or ndjson (one per line).
+		dec := json.NewDecoder(bytes.NewReader(trimmed))
+		for err == nil {
+			var p litellmPayload
+			if err = dec.Decode(&p); err == nil {
+				payloads = append(payloads, p)
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
 	} else {
 		err = json.Unmarshal(trimmed, &payloads)
 	}

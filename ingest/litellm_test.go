@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -114,6 +115,24 @@ func TestLiteLLMRedeliveryIsReplayedAndRegroupedBillsNothingTwice(t *testing.T) 
 	// Another tenant's LiteLLM sending the same ids records its own.
 	if r := b.postLiteLLM(t, b.bob.APIKey, body); r.status != http.StatusAccepted || r.json(t)["created"] != 2.0 {
 		t.Fatalf("bob: %d %s", r.status, r.body)
+	}
+}
+
+// log_format ndjson: one payload per line.
+func TestLiteLLMNDJSON(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var ps []json.RawMessage
+	if err := json.Unmarshal([]byte(litellmDelivery(t, 0, 1, 2)), &ps); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, p := range ps {
+		lines = append(lines, string(p))
+	}
+	r := b.postLiteLLM(t, b.alice.APIKey, strings.Join(lines, "\n")+"\n")
+	if r.status != http.StatusAccepted || r.json(t)["created"] != 2.0 {
+		t.Fatalf("ndjson: %d %s", r.status, r.body)
 	}
 }
 
