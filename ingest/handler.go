@@ -70,6 +70,7 @@ func (h *Handler) Routes(r chi.Router) {
 	r.Get("/v1/usage-events/{id}", h.get)
 	r.Post("/v1/usage-events/{id}/corrections", h.createCorrection)
 	r.Get("/v1/usage-events", h.listByRequestID)
+	r.Post(litellmPath, h.createLiteLLM)
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
