@@ -51,14 +51,16 @@ type Tenant struct {
 
 // UsageLog is one recorded LLM call and what of it is billable overage.
 type UsageLog struct {
-	ID             uuid.UUID     `json:"id"`
-	TenantID       uuid.UUID     `json:"tenant_id"`
-	RequestID      *string       `json:"request_id"`
-	Timestamp      time.Time     `json:"timestamp"`
-	UserID         string        `json:"user_id"`
-	ModelID        string        `json:"model_id"`
-	InputTokens    int64         `json:"input_tokens"`
-	OutputTokens   int64         `json:"output_tokens"`
+	ID           uuid.UUID `json:"id"`
+	TenantID     uuid.UUID `json:"tenant_id"`
+	RequestID    *string   `json:"request_id"`
+	Timestamp    time.Time `json:"timestamp"`
+	UserID       string    `json:"user_id"`
+	ModelID      string    `json:"model_id"`
+	InputTokens  int64     `json:"input_tokens"`
+	OutputTokens int64     `json:"output_tokens"`
+	// The parts of the totals the caller reported, shown only when it did.
+	TokenParts
 	Overage        Overage       `json:"overage"`
 	BillingStatus  BillingStatus `json:"billing_status"`
 	BilledAt       *time.Time    `json:"billed_at"`
@@ -75,6 +77,28 @@ type UsageLog struct {
 	// (not a correction): its tokens plus its corrections', and those.
 	CorrectedTotals *Overage   `json:"corrected_totals,omitempty"`
 	Corrections     []UsageLog `json:"corrections,omitempty"`
+}
+
+// TokenParts are the optional parts of an event's totals: cached input
+// read and written (part of input tokens) and reasoning (part of output
+// tokens). Nil: not reported. Until meters route them, each part is billed
+// with the total it belongs to.
+type TokenParts struct {
+	CacheRead  *int64 `json:"cache_read_input_tokens,omitempty"`
+	CacheWrite *int64 `json:"cache_creation_input_tokens,omitempty"`
+	Reasoning  *int64 `json:"reasoning_output_tokens,omitempty"`
+}
+
+// Input is the cached input tokens, read and written.
+func (p TokenParts) Input() int64 {
+	var n int64
+	if p.CacheRead != nil {
+		n += *p.CacheRead
+	}
+	if p.CacheWrite != nil {
+		n += *p.CacheWrite
+	}
+	return n
 }
 
 // Kinds of usage log.

@@ -92,6 +92,11 @@ type UsageEvent struct {
 	ModelID      string    `json:"model_id"`
 	InputTokens  int64     `json:"input_tokens"`
 	OutputTokens int64     `json:"output_tokens"`
+	// Optional parts of the totals, included in them (not added): cached
+	// input read and written, and reasoning output. Zero is not sent.
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens,omitempty"`
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens,omitempty"`
+	ReasoningOutputTokens    int64 `json:"reasoning_output_tokens,omitempty"`
 }
 
 // Overage is the billable part of a usage log.

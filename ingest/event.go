@@ -32,7 +32,9 @@ type Event struct {
 	ModelID      string
 	InputTokens  int64
 	OutputTokens int64
-	TenantID     *uuid.UUID
+	// Parts of the totals, when the caller reported them (nil: not sent).
+	Parts    overage.TokenParts
+	TenantID *uuid.UUID
 	// Stream, when set, makes the event a checkpoint of a streaming
 	// response: the tokens are the cumulative totals so far (stream.go).
 	Stream *Checkpoint
@@ -41,7 +43,15 @@ type Event struct {
 var knownFields = map[string]bool{
 	"request_id": true, "timestamp": true, "user_id": true, "model_id": true,
 	"input_tokens": true, "output_tokens": true, "tenant_id": true, "stream": true,
+	fieldCacheRead: true, fieldCacheWrite: true, fieldReasoning: true,
 }
+
+// The optional parts of the token totals.
+const (
+	fieldCacheRead  = "cache_read_input_tokens"
+	fieldCacheWrite = "cache_creation_input_tokens"
+	fieldReasoning  = "reasoning_output_tokens"
+)
 
 // parseEvent decodes and validates a body: through parseEventFast when it
 // understands the body, else parseEventViaDecoder.
@@ -131,8 +141,33 @@ func parseEventViaDecoder(body []byte, now time.Time) (*Event, error) {
 	}
 	ev.InputTokens = tokens(fieldInputTokens)
 	ev.OutputTokens = tokens("output_tokens")
+	part := func(name string) *int64 {
+		if v, ok := raw[name]; !ok || string(v) == "null" {
+			return nil
+		}
+		n := tokens(name)
+		return &n
+	}
+	ev.Parts = overage.TokenParts{CacheRead: part(fieldCacheRead), CacheWrite: part(fieldCacheWrite), Reasoning: part(fieldReasoning)}
+	if len(fields) == 0 {
+		if in := ev.Parts.Input(); in > ev.InputTokens {
+			name := fieldCacheWrite
+			if ev.Parts.CacheWrite == nil || (ev.Parts.CacheRead != nil && *ev.Parts.CacheRead > ev.InputTokens) {
+				name = fieldCacheRead
+			}
+			bad(name, "makes %d cached input tokens, more than input_tokens (%d), which includes them", in, ev.InputTokens)
+		}
+		if ev.Parts.Reasoning != nil && *ev.Parts.Reasoning > ev.OutputTokens {
+			bad(fieldReasoning, "is %d, more than output_tokens (%d), which includes it", *ev.Parts.Reasoning, ev.OutputTokens)
+		}
+	}
 	if v, ok := raw["stream"]; ok && string(v) != "null" {
 		ev.Stream = parseStream(v, bad)
+		for _, name := range []string{fieldCacheRead, fieldCacheWrite, fieldReasoning} {
+			if v, ok := raw[name]; ok && string(v) != "null" {
+				bad(name, "is not taken on stream checkpoints yet: report the stream's totals without it")
+			}
+		}
 		if ev.RequestID == nil && raw["request_id"] == nil {
 			bad("request_id", "is required for a stream checkpoint")
 		}

@@ -22,7 +22,7 @@ import (
 	"github.com/overage-billing/overage/outbox"
 )
 
-// Migrations 0024-0026 move the idempotency records to a partitioned table
+// Migrations 0025-0027 move the idempotency records to a partitioned table
 // on a live system: while ingest records single events from eight clients,
 // the migration runs; no request fails, every key written before, during
 // and after it has exactly one record and is replayed, and a key stored
@@ -31,7 +31,7 @@ func TestPartitioningMigrationUnderIngest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := unmigratedDatabase(t)
-	if _, err := migrations.MigrateUpTo(ctx, pool, nil, 23); err != nil {
+	if _, err := migrations.MigrateUpTo(ctx, pool, nil, 24); err != nil {
 		t.Fatal(err)
 	}
 	tenant := uuid.New()
@@ -100,7 +100,7 @@ func TestPartitioningMigrationUnderIngest(t *testing.T) {
 		t.Fatalf("%d of %d requests failed across the migration, first: %v", len(failures), done.Load(), failures[0])
 	}
 	if len(res.Applied) != 3 || len(res.Partitions) == 0 {
-		t.Fatalf("migrate applied %d files and created partitions %v; want 0024-0026 and the week's days", len(res.Applied), res.Partitions)
+		t.Fatalf("migrate applied %d files and created partitions %v; want 0025-0027 and the week's days", len(res.Applied), res.Partitions)
 	}
 	var kind string
 	if err := pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE relname = 'idempotency_keys'`).Scan(&kind); err != nil || kind != "p" {

@@ -105,6 +105,15 @@ func appendUsageLogFields(b []byte, l *overage.UsageLog) ([]byte, bool) {
 	b = strconv.AppendInt(b, l.InputTokens, 10)
 	b = append(b, `,"output_tokens":`...)
 	b = strconv.AppendInt(b, l.OutputTokens, 10)
+	for _, p := range [...]struct {
+		name string
+		n    *int64
+	}{{`,"cache_read_input_tokens":`, l.CacheRead}, {`,"cache_creation_input_tokens":`, l.CacheWrite}, {`,"reasoning_output_tokens":`, l.Reasoning}} {
+		if p.n != nil {
+			b = append(b, p.name...)
+			b = strconv.AppendInt(b, *p.n, 10)
+		}
+	}
 	b = append(b, `,"overage":`...)
 	b = appendOverage(b, l.Overage)
 	b = append(b, `,"billing_status":`...)

@@ -613,6 +613,7 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		*l = overage.UsageLog{
 			ID: id, TenantID: g.tenantID, RequestID: ev.RequestID, Timestamp: ev.Timestamp,
 			UserID: ev.UserID, ModelID: ev.ModelID, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens,
+			TokenParts: ev.Parts,
 			Overage: overage.Overage{
 				InputTokens:  over(tot.InputTokens, ev.InputTokens, st.allowance.InputTokens),
 				OutputTokens: over(tot.OutputTokens, ev.OutputTokens, st.allowance.OutputTokens),
@@ -676,6 +677,9 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		tss, periods := make(pgArray[pgTimestamptz], m), make(pgArray[pgTimestamptz], m)
 		users, models, statuses := make(pgArray[pgString], m), make(pgArray[pgString], m), make(pgArray[pgString], m)
 		in, out, oin, oout := make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m)
+		// The parts are rare: NULL arrays (one argument each) unless some
+		// event of the transaction reported one.
+		var reads, writes, reasons []*int64
 		for i, l := range w.logs {
 			ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])
 			if l.RequestID != nil {
@@ -684,15 +688,23 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 			users[i], models[i], statuses[i] = pgString(l.UserID), pgString(l.ModelID), pgString(l.BillingStatus)
 			in[i], out[i] = pgInt8(l.InputTokens), pgInt8(l.OutputTokens)
 			oin[i], oout[i] = pgInt8(l.Overage.InputTokens), pgInt8(l.Overage.OutputTokens)
+			if l.TokenParts != (overage.TokenParts{}) && reads == nil {
+				reads, writes, reasons = make([]*int64, m), make([]*int64, m), make([]*int64, m)
+			}
+			if reads != nil {
+				reads[i], writes[i], reasons[i] = l.CacheRead, l.CacheWrite, l.Reasoning
+			}
 		}
 		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
-				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at)
-			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13
+				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
+				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens)
+			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13,
+				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n]
 			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[])
-				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status)
+				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[]) WITH ORDINALITY
+				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, n)
 			ORDER BY u.rid COLLATE "C"`,
-			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now)
+			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons)
 	}
 	n := len(active)
 	keys, fps, statuses, bodies, logIDs := make(pgArray[pgString], n), make([][]byte, n), make([]int32, n), make([][]byte, n), make(pgArray[pgtype.UUID], n)
@@ -923,6 +935,7 @@ var logsByRequestIDSQL = `SELECT ` + logColumns + `
 		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND l.request_id = r.rid LIMIT 1) AS u`
 
 const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
 	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
 	corrects, correction_reason`
@@ -932,6 +945,7 @@ func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	var inAt, outAt *time.Time
 	var inLead, outLead *uuid.UUID
 	if err := row.Scan(&l.ID, &l.TenantID, &l.RequestID, &l.Timestamp, &l.UserID, &l.ModelID, &l.InputTokens, &l.OutputTokens,
+		&l.CacheRead, &l.CacheWrite, &l.Reasoning,
 		&l.Overage.InputTokens, &l.Overage.OutputTokens, &l.BillingStatus, &l.BilledAt, &l.CreatedAt,
 		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason); err != nil {
 		return nil, err
