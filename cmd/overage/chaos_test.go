@@ -412,7 +412,7 @@ func TestChaos(t *testing.T) {
 
 // chaosAdminToken is the chaos server's ADMIN_TOKEN: corrections are an
 // operator's, of any tenant's log.
-const chaosAdminToken = "chaos-admin-token"
+const chaosAdminToken = "chaos-admin-token-0123456789abcdef"
 
 // correctWave posts, for every event i whose i%10 is in which, the
 // correction pick returns (corrected totals; twice: send it again under the

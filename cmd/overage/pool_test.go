@@ -17,7 +17,7 @@ import (
 // reach into its pools.
 func startServerOn(t *testing.T, dbURL string) *app.Server {
 	t.Helper()
-	srv, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": "admin"})
+	srv, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": "admin-token-for-the-pool-test-0123456789"})
 	return srv
 }
 

@@ -19,7 +19,7 @@ import (
 )
 
 // AdminToken is the ADMIN_TOKEN of test servers.
-const AdminToken = "admin-test-token"
+const AdminToken = "admin-test-token-0123456789abcdef0123"
 
 // WebhookSecret is the STRIPE_WEBHOOK_SECRET of test servers; sign test
 // payloads with it (stripe-go's webhook.GenerateTestSignedPayload).
