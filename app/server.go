@@ -44,6 +44,18 @@ const (
 	AdminRequestTimeout = time.Minute
 )
 
+// A client that stops reading its response cannot hold a connection and
+// a goroutine for ever. Under /v1/ a response must be written within its
+// request's deadline plus writeGrace (a per-response write deadline);
+// anything else (metrics, River UI, health) within WriteTimeout. A client
+// has ReadHeaderTimeout to send its headers and ReadTimeout its body.
+const (
+	ReadHeaderTimeout = 10 * time.Second
+	ReadTimeout       = 30 * time.Second
+	WriteTimeout      = 2 * time.Minute
+	writeGrace        = 10 * time.Second
+)
+
 // adminMaxConns is the pool of the finance report and the metrics scrape,
 // apart from the API's, so slow reports can hold at most these and never a
 // connection ingest needs. serveMaxConns counts it.
@@ -135,8 +147,9 @@ func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger)
 		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui, Registry: reg, Ingest: svc, River: rc,
 		http: &http.Server{
 			Handler:           withDeadlines(handler),
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       30 * time.Second,
+			ReadHeaderTimeout: ReadHeaderTimeout,
+			ReadTimeout:       ReadTimeout,
+			WriteTimeout:      WriteTimeout,
 			IdleTimeout:       2 * time.Minute,
 			// Requests keep running after ctx is done so a shutdown lets them
 			// finish instead of rolling back half the in-flight work.
@@ -185,7 +198,8 @@ func (s *Server) Close() {
 	}
 }
 
-// withDeadlines gives each API request its deadline (RequestTimeout).
+// withDeadlines gives each API request its deadline (RequestTimeout) and
+// its response a write deadline writeGrace later.
 func withDeadlines(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.HasPrefix(r.URL.Path, "/v1/") {
@@ -196,6 +210,9 @@ func withDeadlines(next http.Handler) http.Handler {
 		if strings.HasPrefix(r.URL.Path, "/v1/billing/") {
 			d = AdminRequestTimeout
 		}
+		// Best effort: a ResponseWriter that cannot (a test recorder)
+		// keeps the server's WriteTimeout.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d + writeGrace))
 		ctx, cancel := context.WithTimeout(r.Context(), d)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
