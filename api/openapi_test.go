@@ -911,6 +911,13 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("stream listing = %s", r.body)
 				}
 			}},
+		{name: "200 a stream's logs, a page at a time", status: 200,
+			req:   func(f *fixture) call { return get("/v1/usage-events?request_id=s-api&limit=2", alice(f)) },
+			check: pagesAgree("/v1/usage-events?request_id=s-api", alice, "usage_events", "id", 2)},
+		{name: "400 listing, NUL in request_id", status: 400, problem: "malformed-request", field: "request_id",
+			req: func(f *fixture) call { return get("/v1/usage-events?request_id=s%00api", alice(f)) }},
+		{name: "400 listing, limit not a number", status: 400, problem: "malformed-request", field: "limit", docRefuses: true,
+			req: func(f *fixture) call { return get("/v1/usage-events?request_id=s-api&limit=two", alice(f)) }},
 		{name: "400 listing without request_id", status: 400, problem: "malformed-request", field: "request_id", docRefuses: true,
 			req: func(f *fixture) call { return get("/v1/usage-events", alice(f)) }},
 		{name: "401 listing without credential", status: 401, problem: "unauthorized", docRefuses: true,
@@ -1059,6 +1066,24 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("tenants = %v, want alice alone", ts)
 				}
 			}},
+		{name: "200 billing status, a page at a time", status: 200,
+			req: func(f *fixture) call { return get("/v1/billing/status?limit=1", apitest.AdminToken) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				pagesAgree("/v1/billing/status", adminBearer, "tenants", "tenant_id", 1)(t, f, r)
+				whole, err := f.send(context.Background(), get("/v1/billing/status", apitest.AdminToken))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, want := fmt.Sprint(r.json(t)["totals"]), fmt.Sprint(whole.json(t)["totals"]); got != want {
+					t.Errorf("a page's totals %s, want every tenant's %s", got, want)
+				}
+			}},
+		{name: "400 billing status, limit out of range", status: 400, problem: "malformed-request", field: "limit", docRefuses: true,
+			req: func(f *fixture) call { return get("/v1/billing/status?limit=1001", apitest.AdminToken) }},
+		{name: "400 billing status, cursor not a next_cursor", status: 400, problem: "malformed-request", field: "cursor",
+			req: func(f *fixture) call { return get("/v1/billing/status?cursor=abc", apitest.AdminToken) }},
+		{name: "400 billing status, NUL in a query parameter", status: 400, problem: "malformed-request", field: "tenant_id", docRefuses: true,
+			req: func(f *fixture) call { return get("/v1/billing/status?tenant_id=%00", apitest.AdminToken) }},
 		{name: "400 billing status, tenant_id not a UUID", status: 400, problem: "malformed-request", field: "tenant_id", docRefuses: true,
 			req: func(f *fixture) call { return get("/v1/billing/status?tenant_id=alice", apitest.AdminToken) }},
 		{name: "404 billing status, unknown tenant", status: 404, problem: "not-found",
