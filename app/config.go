@@ -55,7 +55,7 @@ type Config struct {
 const MinAdminTokenLen = 32
 
 // DefaultTenantMaxInflight is TENANT_MAX_INFLIGHT's default.
-const DefaultTenantMaxInflight = 8
+const DefaultTenantMaxInflight = ingest.DefaultTenantMaxInflight
 
 // DefaultDatabaseURL is DATABASE_URL when it is unset.
 const DefaultDatabaseURL = "postgres://postgres@localhost:5432/overage?sslmode=disable"

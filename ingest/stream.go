@@ -365,6 +365,12 @@ func (h *Handler) listByRequestID(w http.ResponseWriter, r *http.Request) {
 		httpx.Error(w, r, h.logger, err)
 		return
 	}
+	release, err := h.admit(tenantID, false)
+	if err != nil {
+		httpx.Error(w, r, h.logger, err)
+		return
+	}
+	defer release()
 	out, err := h.svc.ByRequestID(r.Context(), tenantID, rid, p)
 	if err != nil {
 		httpx.Error(w, r, h.logger, err)

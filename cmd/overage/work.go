@@ -22,6 +22,7 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer pool.Close()
+	app.WarnConnectionBudget(ctx, pool, int(pool.Config().MaxConns), logger)
 	reg := app.NewRegistry(pool, logger)
 	w, err := app.NewWorkers(pool, cfg, logger, reg)
 	if err != nil {
