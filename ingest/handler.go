@@ -169,7 +169,9 @@ func (h *Handler) recordBatch(r *http.Request) (*Outcome, error) {
 // admit takes one of tenant's TENANT_MAX_INFLIGHT slots for a request
 // about to execute, a single event (coalesced when the service coalesces)
 // or anything else; it returns the slot's release, or 429 tenant-busy.
-// Validation comes first, so a refused request costs no database work.
+// It runs after authentication and before the request's transaction: a
+// refused request has cost its key's lookup, nothing more in the
+// database.
 func (h *Handler) admit(tenant uuid.UUID, singleEvent bool) (func(), error) {
 	coalesce := 0
 	if h.svc.coalesce != nil {
