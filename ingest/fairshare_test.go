@@ -139,11 +139,14 @@ func TestMalformedKeyIsRefusedWithoutAQuery(t *testing.T) {
 // after each 429, as an impatient client would) while the quiet tenant
 // sends quietEvents single events from quietClients clients.
 type neighbours struct {
-	url                        string
-	quietKey, floodKey         string
-	quietEvents, quietClients  int
-	floodClients, floodBatch   int
-	quietLatencies             []time.Duration
+	url                       string
+	quietKey, floodKey        string
+	quietEvents, quietClients int
+	floodClients, floodBatch  int
+	quietLatencies            []time.Duration
+	// unlimited: the server runs with TENANT_MAX_INFLIGHT out of reach,
+	// to show what the limit prevents.
+	unlimited                  bool
 	quietStatuses, floodStatus map[int]int
 }
 
@@ -185,10 +188,14 @@ func (n *neighbours) run(t testing.TB, flood bool) {
 				}
 			}()
 		}
-		// The quiet tenant starts once the flood is at its limit.
-		poll.Until(t, "the flood to be refused", 30*time.Second, func() bool {
+		// The quiet tenant starts once the flood is at its limit (or,
+		// without one, once its first batches are answered).
+		poll.Until(t, "the flood to be at its limit", 60*time.Second, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
+			if n.unlimited {
+				return len(n.floodStatus) > 0
+			}
 			return n.floodStatus[http.StatusTooManyRequests] > 0
 		})
 	}
@@ -221,9 +228,9 @@ func (n *neighbours) quantile(q float64) time.Duration {
 }
 
 // newNeighbours starts the API as `overage serve` runs it (its API pool
-// of app.ServeAPIMaxConns connections, the default TENANT_MAX_INFLIGHT)
-// with a quiet and a flooding tenant.
-func newNeighbours(t testing.TB) *neighbours {
+// of app.ServeAPIMaxConns connections, the default TENANT_MAX_INFLIGHT,
+// or none when unlimited) with a quiet and a flooding tenant.
+func newNeighbours(t testing.TB, unlimited bool) *neighbours {
 	t.Helper()
 	dbURL := pgtest.NewDatabase(t)
 	pool, err := app.OpenPool(context.Background(), dbURL, app.ServeAPIMaxConns)
@@ -231,9 +238,13 @@ func newNeighbours(t testing.TB) *neighbours {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	srv := apitest.StartOn(t, pool, dbURL)
+	opts := apitest.Options{WebhookSecret: apitest.WebhookSecret}
+	if unlimited {
+		opts.TenantMaxInflight = 1 << 20
+	}
+	srv := apitest.StartWith(t, pool, dbURL, opts)
 	return &neighbours{url: srv.URL, quietKey: srv.Tenant(t, "quiet", 0, 0).APIKey, floodKey: srv.Tenant(t, "flood", 0, 0).APIKey,
-		quietEvents: 200, quietClients: 4, floodClients: 64, floodBatch: 100}
+		quietEvents: 200, quietClients: 4, floodClients: 64, floodBatch: 100, unlimited: unlimited}
 }
 
 // TestNoisyNeighbour: one tenant floods 64 concurrent batches; another
@@ -241,7 +252,7 @@ func newNeighbours(t testing.TB) *neighbours {
 // the flood is answered 202 or 429 tenant-busy, never 503.
 func TestNoisyNeighbour(t *testing.T) {
 	t.Parallel()
-	n := newNeighbours(t)
+	n := newNeighbours(t, false)
 	n.run(t, true)
 	t.Logf("quiet tenant under a flood: p50 %s, p99 %s; quiet statuses %v; flood statuses %v",
 		n.quantile(0.50), n.quantile(0.99), n.quietStatuses, n.floodStatus)
@@ -261,14 +272,18 @@ func TestNoisyNeighbour(t *testing.T) {
 	}
 }
 
-// BenchmarkNoisyNeighbour prints the quiet tenant's latency alone and
-// under the flood of TestNoisyNeighbour (go test -run '^$' -bench
-// NoisyNeighbour -benchtime 1x ./ingest).
+// BenchmarkNoisyNeighbour prints the quiet tenant's latency alone, under
+// the flood of TestNoisyNeighbour, and under that flood with no
+// TENANT_MAX_INFLIGHT (go test -run '^$' -bench NoisyNeighbour
+// -benchtime 1x ./ingest).
 func BenchmarkNoisyNeighbour(b *testing.B) {
-	for _, flood := range []bool{false, true} {
-		name := map[bool]string{false: "alone", true: "flood"}[flood]
-		b.Run(name, func(b *testing.B) {
-			n := newNeighbours(b)
+	for _, c := range []struct {
+		name             string
+		flood, unlimited bool
+	}{{"alone", false, false}, {"flood", true, false}, {"flood-unlimited", true, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			name, flood := c.name, c.flood
+			n := newNeighbours(b, c.unlimited)
 			var p50, p99 time.Duration
 			for range b.N {
 				n.run(b, flood)
