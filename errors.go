@@ -20,6 +20,7 @@ const (
 	EMETHOD       ErrorCode = "method"       // the path does not serve this method
 	ECONFLICT     ErrorCode = "conflict"     // the request collides with another
 	ETOOLARGE     ErrorCode = "too_large"    // body over the limit
+	EBUSY         ErrorCode = "busy"         // the caller has too much in flight; retry later
 	EUNAVAILABLE  ErrorCode = "unavailable"  // a dependency is down; retry later
 	EINTERNAL     ErrorCode = "internal"     // a bug or an unexpected failure
 )

@@ -297,8 +297,10 @@ type fixture struct {
 	srv *apitest.Server
 	// noSecret is the same API without STRIPE_WEBHOOK_SECRET.
 	noSecret *apitest.Server
-	db       *pgxpool.Pool // direct, not through the proxy
-	proxy    *pgtest.Proxy
+	// busy is the same API with TENANT_MAX_INFLIGHT=1.
+	busy  *apitest.Server
+	db    *pgxpool.Pool // direct, not through the proxy
+	proxy *pgtest.Proxy
 
 	alice, bob, capped *tenants.Created
 	revokedKey         string
@@ -345,6 +347,7 @@ func newFixture(t *testing.T) *fixture {
 	f := &fixture{
 		contract: loadContract(t), srv: srv, db: direct, proxy: proxy,
 		noSecret: apitest.StartWith(t, pool, dbURL, apitest.Options{}),
+		busy:     apitest.StartWith(t, pool, dbURL, apitest.Options{WebhookSecret: apitest.WebhookSecret, TenantMaxInflight: 1}),
 		alice:    srv.Tenant(t, "alice", 0, 0), bob: srv.Tenant(t, "bob", 0, 0), capped: srv.Tenant(t, "capped", 1000, 500),
 		inflight: make(chan inflight, 1),
 		seen:     map[string]map[string]bool{}, emitted: map[string]bool{},
@@ -911,6 +914,13 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("stream listing = %s", r.body)
 				}
 			}},
+		{name: "200 a stream's logs, a page at a time", status: 200,
+			req:   func(f *fixture) call { return get("/v1/usage-events?request_id=s-api&limit=2", alice(f)) },
+			check: pagesAgree("/v1/usage-events?request_id=s-api", alice, "usage_events", "id", 2)},
+		{name: "400 listing, NUL in request_id", status: 400, problem: "malformed-request", field: "request_id",
+			req: func(f *fixture) call { return get("/v1/usage-events?request_id=s%00api", alice(f)) }},
+		{name: "400 listing, limit not a number", status: 400, problem: "malformed-request", field: "limit", docRefuses: true,
+			req: func(f *fixture) call { return get("/v1/usage-events?request_id=s-api&limit=two", alice(f)) }},
 		{name: "400 listing without request_id", status: 400, problem: "malformed-request", field: "request_id", docRefuses: true,
 			req: func(f *fixture) call { return get("/v1/usage-events", alice(f)) }},
 		{name: "401 listing without credential", status: 401, problem: "unauthorized", docRefuses: true,
@@ -1059,6 +1069,24 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("tenants = %v, want alice alone", ts)
 				}
 			}},
+		{name: "200 billing status, a page at a time", status: 200,
+			req: func(f *fixture) call { return get("/v1/billing/status?limit=1", apitest.AdminToken) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				pagesAgree("/v1/billing/status", adminBearer, "tenants", "tenant_id", 1)(t, f, r)
+				whole, err := f.send(context.Background(), get("/v1/billing/status", apitest.AdminToken))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got, want := fmt.Sprint(r.json(t)["totals"]), fmt.Sprint(whole.json(t)["totals"]); got != want {
+					t.Errorf("a page's totals %s, want every tenant's %s", got, want)
+				}
+			}},
+		{name: "400 billing status, limit out of range", status: 400, problem: "malformed-request", field: "limit", docRefuses: true,
+			req: func(f *fixture) call { return get("/v1/billing/status?limit=1001", apitest.AdminToken) }},
+		{name: "400 billing status, cursor not a next_cursor", status: 400, problem: "malformed-request", field: "cursor",
+			req: func(f *fixture) call { return get("/v1/billing/status?cursor=abc", apitest.AdminToken) }},
+		{name: "400 billing status, NUL in a query parameter", status: 400, problem: "malformed-request", field: "tenant_id", docRefuses: true,
+			req: func(f *fixture) call { return get("/v1/billing/status?tenant_id=%00", apitest.AdminToken) }},
 		{name: "400 billing status, tenant_id not a UUID", status: 400, problem: "malformed-request", field: "tenant_id", docRefuses: true,
 			req: func(f *fixture) call { return get("/v1/billing/status?tenant_id=alice", apitest.AdminToken) }},
 		{name: "404 billing status, unknown tenant", status: 404, problem: "not-found",
@@ -1069,6 +1097,38 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call { return get("/v1/billing/status", "") }},
 		{name: "401 billing status with a tenant key", status: 401, problem: "unauthorized",
 			req: func(f *fixture) call { return get("/v1/billing/status", alice(f)) }},
+
+		// 429 tenant-busy: on a server with TENANT_MAX_INFLIGHT=1, one of
+		// alice's batches waits for usage_logs, which the test has locked;
+		// every other request of hers is refused at once.
+		{name: "429 tenant busy, single event", status: 429, problem: "tenant-busy",
+			before: startInflightCall(func(f *fixture) call {
+				return onBusy(f, postBatch(f.alice.APIKey, "busy-hold", batchOf(withRID("busy-hold", 1, 1))))
+			}),
+			req:   func(f *fixture) call { return onBusy(f, post(alice(f), "busy-1", event(1, 1))) },
+			check: retryAfter},
+		{name: "429 tenant busy, batch", status: 429, problem: "tenant-busy",
+			req: func(f *fixture) call {
+				return onBusy(f, postBatch(alice(f), "busy-2", batchOf(withRID("busy-2", 1, 1))))
+			},
+			check: retryAfter},
+		{name: "429 tenant busy, correction", status: 429, problem: "tenant-busy",
+			req:   func(f *fixture) call { return onBusy(f, correct(alice(f), "busy-3", f.logID, 1, 1)) },
+			check: retryAfter},
+		{name: "429 tenant busy, usage log", status: 429, problem: "tenant-busy",
+			req:   func(f *fixture) call { return onBusy(f, get("/v1/usage-events/"+f.logID, alice(f))) },
+			check: retryAfter},
+		{name: "429 tenant busy, listing", status: 429, problem: "tenant-busy",
+			req:   func(f *fixture) call { return onBusy(f, get("/v1/usage-events?request_id=s-api", alice(f))) },
+			check: retryAfter,
+			after: func(t *testing.T, f *fixture) {
+				if err := f.lockTx.Rollback(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{name: "202 the busy tenant's batch completes", status: 202, awaitInflight: true},
+		{name: "202 the refused event, once the tenant is free", status: 202,
+			req: func(f *fixture) call { return onBusy(f, post(alice(f), "busy-1", event(1, 1))) }},
 
 		// 409 in progress: the first request with a key holds it while it
 		// waits for usage_logs, which the test has locked.
@@ -1308,4 +1368,10 @@ func billingTotals(t *testing.T, f *fixture, r *result) {
 	if rep.Totals["usage_logs"] != logs {
 		t.Errorf("totals.usage_logs = %v, want %v (count of usage_logs)", rep.Totals["usage_logs"], logs)
 	}
+}
+
+// onBusy sends c to the fixture's server with TENANT_MAX_INFLIGHT=1.
+func onBusy(f *fixture, c call) call {
+	c.base = f.busy.URL
+	return c
 }

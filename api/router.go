@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -48,9 +49,10 @@ func NewRouter(cfg Config) http.Handler {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID)
+	r.Use(boundRequestID, middleware.RequestID)
 	r.Use(requestLogger(logger))
 	r.Use(middleware.Recoverer)
+	r.Use(checkQuery(logger))
 
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		httpx.JSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -88,6 +90,60 @@ func NewRouter(cfg Config) http.Handler {
 		httpx.Error(w, req, logger, overage.Errorf(overage.EMETHOD, "method-not-allowed", "%s is not allowed on %s", req.Method, req.URL.Path))
 	})
 	return r
+}
+
+// MaxRequestIDLen is the longest client X-Request-Id kept. A longer one,
+// or one with a byte outside printable ASCII, is replaced by a generated
+// id before anything logs it: a client cannot fill the log with a
+// megabyte header or forge log lines with control characters.
+const MaxRequestIDLen = 128
+
+// boundRequestID drops a client X-Request-Id that is not 1 to
+// MaxRequestIDLen printable ASCII characters, so middleware.RequestID,
+// which runs next, generates one instead.
+func boundRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get(middleware.RequestIDHeader); id != "" && !validRequestID(id) {
+			r.Header.Del(middleware.RequestIDHeader)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func validRequestID(id string) bool {
+	if len(id) > MaxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// checkQuery answers 400 to a query parameter holding a NUL byte or bytes
+// that are not UTF-8: PostgreSQL cannot store either in text, so the
+// request could only fail later, and as a 500.
+func checkQuery(logger *slog.Logger) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.RawQuery != "" {
+				for name, values := range r.URL.Query() {
+					for _, v := range append([]string{name}, values...) {
+						if strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v) {
+							field := strings.ToValidUTF8(strings.ReplaceAll(name, "\x00", ""), "")
+							e := overage.Errorf(overage.EMALFORMED, "malformed-request", "the query parameter %q holds a NUL byte or is not UTF-8", field)
+							e.Fields = []overage.FieldError{{Field: field, Detail: "must be UTF-8 text without NUL bytes"}}
+							httpx.Error(w, r, logger, e)
+							return
+						}
+					}
+				}
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }
 
 // requestLogger logs one line per request with its request id. Headers are

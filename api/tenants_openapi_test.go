@@ -131,6 +131,12 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("the list lacks a tenant: %s", r.body)
 				}
 			}},
+		{name: "200 list tenants, a page at a time", status: 200, req: admin(http.MethodGet, "/v1/tenants?limit=2", ""),
+			check: pagesAgree("/v1/tenants", adminBearer, "tenants", "id", 2)},
+		{name: "400 list tenants, limit out of range", status: 400, problem: "malformed-request", field: "limit", docRefuses: true,
+			req: admin(http.MethodGet, "/v1/tenants?limit=0", "")},
+		{name: "400 list tenants, cursor of another list", status: 400, problem: "malformed-request", field: "cursor",
+			req: admin(http.MethodGet, "/v1/tenants?cursor=eyJuIjo1fQ", "")},
 		{name: "401 list tenants without token", status: 401, problem: "unauthorized", docRefuses: true,
 			req: func(f *fixture) call { return get("/v1/tenants", "") }},
 

@@ -45,7 +45,17 @@ type Config struct {
 	// once before its single events are coalesced into the next
 	// (INGEST_COALESCE); 0 turns coalescing off.
 	IngestCoalesce int
+	// TenantMaxInflight is how many requests of one tenant serve executes
+	// at once (TENANT_MAX_INFLIGHT); beyond it 429 tenant-busy.
+	TenantMaxInflight int
 }
+
+// MinAdminTokenLen is the shortest ADMIN_TOKEN accepted: the token opens
+// every tenant's billing data, so it must not be guessable.
+const MinAdminTokenLen = 32
+
+// DefaultTenantMaxInflight is TENANT_MAX_INFLIGHT's default.
+const DefaultTenantMaxInflight = ingest.DefaultTenantMaxInflight
 
 // DefaultDatabaseURL is DATABASE_URL when it is unset.
 const DefaultDatabaseURL = "postgres://postgres@localhost:5432/overage?sslmode=disable"
@@ -132,12 +142,24 @@ func ReadConfig(getenv func(string) string) (*Config, BadVars) {
 	c.SweepInterval = dur("SWEEP_INTERVAL", workers.DefaultSweepInterval)
 	c.SweepGrace = dur("SWEEP_GRACE", workers.DefaultSweepGrace)
 	c.StripeIdempotencyWindow = dur("STRIPE_IDEMPOTENCY_WINDOW", overage.StripeIdempotencyWindow)
+	if c.StripeIdempotencyWindow > overage.StripeIdempotencyWindow {
+		// Past Stripe's memory of a key a resend can bill twice.
+		bad("STRIPE_IDEMPOTENCY_WINDOW", fmt.Errorf("STRIPE_IDEMPOTENCY_WINDOW=%q: may not exceed %s, how long Stripe remembers an idempotency key",
+			getenv("STRIPE_IDEMPOTENCY_WINDOW"), "24h"))
+		c.StripeIdempotencyWindow = overage.StripeIdempotencyWindow
+	}
 	c.ReportMaxAttempts = num("REPORT_MAX_ATTEMPTS", outbox.DefaultMaxAttempts)
 	c.ReportWorkers = num("REPORT_WORKERS", workers.DefaultReportWorkers)
 	c.ReportJobTimeout = dur("REPORT_JOB_TIMEOUT", workers.DefaultJobTimeout)
 	c.ReportBatchDelay = dur("REPORT_BATCH_DELAY", outbox.DefaultBatchDelay)
 	c.ReportBatchMax = num("REPORT_BATCH_MAX", workers.DefaultBatchMax)
 	c.AdminToken = getenv("ADMIN_TOKEN")
+	if c.AdminToken != "" && len(c.AdminToken) < MinAdminTokenLen {
+		// The length only: the value is a secret.
+		bad("ADMIN_TOKEN", fmt.Errorf("ADMIN_TOKEN is %d characters: want at least %d (for example: openssl rand -hex 32)", len(c.AdminToken), MinAdminTokenLen))
+		c.AdminToken = ""
+	}
+	c.TenantMaxInflight = num("TENANT_MAX_INFLIGHT", DefaultTenantMaxInflight)
 	c.StreamIdleTimeout = dur("STREAM_IDLE_TIMEOUT", workers.DefaultStreamIdleTimeout)
 	c.IngestCoalesce = ingest.DefaultGroupsInFlight
 	if v := getenv("INGEST_COALESCE"); v != "" {

@@ -4,19 +4,39 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Default pool sizes. Together they stay under PostgreSQL's default
-// max_connections (100, 3 reserved): `work` needs more, because each of its
-// report jobs commits twice while `serve` commits once per request.
+// Default pool sizes, a connection budget: two `serve` and two `work`
+// replicas, and a CLI command, fit in PostgreSQL's default
+// max_connections (100, of which 3 are reserved for superusers) with room
+// for an operator's psql and a migration: 2 x 18 + 2 x 20 + 4 = 80 of 97.
+// Neither process needs many: an ingest transaction holds its connection
+// for a millisecond or two and coalesces a tenant's events, and a report
+// job holds none while it waits for Stripe, so past about twice the
+// database's cores more connections only queue inside PostgreSQL instead
+// of in the pool (docs/limits.md has the measurements). A size given in
+// DATABASE_URL (pool_max_conns) wins, for every pool of the process.
 const (
-	ServeMaxConns = 32
-	WorkMaxConns  = 60
-	ToolMaxConns  = 4
+	// ServeAPIMaxConns is the pool of ingest, tenants and webhooks.
+	ServeAPIMaxConns = 14
+	// ServeAdminMaxConns is the pool of the finance report: slow reports
+	// hold at most these, never a connection ingest needs.
+	ServeAdminMaxConns = 3
+	// ServeMetricsMaxConns is the pool of /metrics' backlog gauges, read
+	// at most once per metrics.BacklogCacheTTL.
+	ServeMetricsMaxConns = 1
+	// ServeMaxConns is every connection one `serve` may open.
+	ServeMaxConns = ServeAPIMaxConns + ServeAdminMaxConns + ServeMetricsMaxConns
+	// WorkMaxConns is the pool of one `work` (report jobs, the sweep,
+	// maintenance, webhooks, River's own).
+	WorkMaxConns = 20
+	// ToolMaxConns is the pool of a CLI command.
+	ToolMaxConns = 4
 )
 
 // OpenPool connects to PostgreSQL with at most maxConns connections. Sizes
@@ -43,4 +63,72 @@ func OpenPool(ctx context.Context, databaseURL string, maxConns int32) (*pgxpool
 // pgconn's message quotes the whole string, so none of it is kept.
 func RedactParseError(error) error {
 	return errors.New("cannot parse the connection string (want postgres://USER@HOST:PORT/DATABASE or key=value pairs)")
+}
+
+// ConnectionBudget is what the server allows against what a process's
+// pools may open.
+type ConnectionBudget struct {
+	// MaxConnections is the server's max_connections.
+	MaxConnections int
+	// Reserved are the connections only superusers may take
+	// (superuser_reserved_connections, and reserved_connections from
+	// PostgreSQL 16).
+	Reserved int
+	// Others are the client connections open now that are not this
+	// process's.
+	Others int
+	// Pools is the most this process's pools may open.
+	Pools int
+}
+
+// Usable is how many connections ordinary roles may open.
+func (b ConnectionBudget) Usable() int { return b.MaxConnections - b.Reserved }
+
+// Problem says why the pools may not get their connections, or "".
+func (b ConnectionBudget) Problem() string {
+	switch {
+	case b.Pools > b.Usable():
+		return fmt.Sprintf("this process's pools may open %d connections, more than the %d the server allows (max_connections %d, %d reserved): lower pool_max_conns in DATABASE_URL or raise max_connections",
+			b.Pools, b.Usable(), b.MaxConnections, b.Reserved)
+	case b.Pools+b.Others > b.Usable():
+		return fmt.Sprintf("this process's pools may open %d connections and %d are held by other clients, more than the %d the server allows (max_connections %d, %d reserved): a request may wait for a connection, or fail, when the pools fill; see docs/limits.md",
+			b.Pools, b.Others, b.Usable(), b.MaxConnections, b.Reserved)
+	}
+	return ""
+}
+
+// ReadConnectionBudget reads the server's limits through pool, for pools
+// that may open poolConns connections in all (the caller's own open
+// connections are not counted among the others').
+func ReadConnectionBudget(ctx context.Context, pool *pgxpool.Pool, poolConns int) (ConnectionBudget, error) {
+	b := ConnectionBudget{Pools: poolConns}
+	ownOpen := int(pool.Stat().TotalConns())
+	err := pool.QueryRow(ctx, `SELECT current_setting('max_connections')::int,
+			current_setting('superuser_reserved_connections')::int + coalesce(current_setting('reserved_connections', true)::int, 0),
+			(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')::int`).
+		Scan(&b.MaxConnections, &b.Reserved, &b.Others)
+	if err != nil {
+		return b, fmt.Errorf("read max_connections: %w", err)
+	}
+	// The query's own connection is one of the pool's, counted in
+	// pg_stat_activity; the stat may lag by the one it just opened.
+	b.Others = max(0, b.Others-max(ownOpen, 1))
+	return b, nil
+}
+
+// WarnConnectionBudget logs a warning when pools that may open poolConns
+// connections in all cannot fit in the server's max_connections. It never
+// fails the start: a server we cannot ask is reported by the first query.
+func WarnConnectionBudget(ctx context.Context, pool *pgxpool.Pool, poolConns int, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	b, err := ReadConnectionBudget(ctx, pool, poolConns)
+	if err != nil {
+		logger.Warn("connection budget: cannot read max_connections", "err", err)
+		return
+	}
+	if p := b.Problem(); p != "" {
+		logger.Warn("connection budget: "+p, "pools_max_conns", b.Pools, "max_connections", b.MaxConnections,
+			"reserved_connections", b.Reserved, "other_connections", b.Others)
+	}
 }

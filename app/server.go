@@ -44,18 +44,26 @@ const (
 	AdminRequestTimeout = time.Minute
 )
 
-// adminMaxConns is the pool of the finance report and the metrics scrape,
-// apart from the API's, so slow reports can hold at most these and never a
-// connection ingest needs. serveMaxConns counts it.
-const adminMaxConns = 4
+// A client that stops reading its response cannot hold a connection and
+// a goroutine for ever. Under /v1/ a response must be written within its
+// request's deadline plus writeGrace (a per-response write deadline);
+// anything else (metrics, River UI, health) within WriteTimeout. A client
+// has ReadHeaderTimeout to send its headers and ReadTimeout its body.
+const (
+	ReadHeaderTimeout = 10 * time.Second
+	ReadTimeout       = 30 * time.Second
+	WriteTimeout      = 2 * time.Minute
+	writeGrace        = 10 * time.Second
+)
 
 // Server is the HTTP API of `overage serve` on one listener. Tests start it
 // on 127.0.0.1:0 and read Addr.
 type Server struct {
-	pool      *pgxpool.Pool
-	adminPool *pgxpool.Pool
-	ownsPool  bool
-	riverUI   *riverui.Handler
+	pool        *pgxpool.Pool
+	adminPool   *pgxpool.Pool
+	metricsPool *pgxpool.Pool
+	ownsPool    bool
+	riverUI     *riverui.Handler
 	// Registry is the one /metrics serves; `overage dev` adds its workers'.
 	Registry *prometheus.Registry
 	// Ingest is the service behind POST /v1/usage-events.
@@ -68,27 +76,37 @@ type Server struct {
 }
 
 // NewServer connects, checks the schema is migrated (CheckSchema),
-// listens and wires the API; Run serves it.
+// listens and wires the API; Run serves it. It warns when its pools
+// (ServeMaxConns) cannot fit in the server's max_connections.
 func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, error) {
-	pool, err := OpenPool(ctx, cfg.DatabaseURL, ServeMaxConns-adminMaxConns)
-	if err != nil {
-		return nil, err
+	var pools []*pgxpool.Pool
+	closeAll := func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	for _, n := range []int32{ServeAPIMaxConns, ServeAdminMaxConns, ServeMetricsMaxConns} {
+		p, err := OpenPool(ctx, cfg.DatabaseURL, n)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		pools = append(pools, p)
 	}
 	// On an unmigrated database every request would fail while /readyz
 	// says ready: refuse to start instead.
-	if err := CheckSchema(ctx, pool); err != nil {
-		pool.Close()
+	if err := CheckSchema(ctx, pools[0]); err != nil {
+		closeAll()
 		return nil, err
 	}
-	adminPool, err := OpenPool(ctx, cfg.DatabaseURL, adminMaxConns)
-	if err != nil {
-		pool.Close()
-		return nil, err
+	total := 0
+	for _, p := range pools {
+		total += int(p.Config().MaxConns)
 	}
-	s, err := wireServer(pool, adminPool, cfg, logger)
+	WarnConnectionBudget(ctx, pools[0], total, logger)
+	s, err := wireServer(pools[0], pools[1], pools[2], cfg, logger)
 	if err != nil {
-		pool.Close()
-		adminPool.Close()
+		closeAll()
 		return nil, err
 	}
 	s.ownsPool = true
@@ -97,12 +115,12 @@ func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, 
 
 // NewServerOn wires the API on a pool the caller owns.
 func NewServerOn(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
-	return wireServer(pool, pool, cfg, logger)
+	return wireServer(pool, pool, pool, cfg, logger)
 }
 
-// wireServer wires the API on pool, and the finance report and metrics on
-// adminPool.
-func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
+// wireServer wires the API on pool, the finance report on adminPool and
+// the metrics' backlog gauges on metricsPool.
+func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
 	// Insert-only: `serve` runs no workers, it only puts jobs in the
 	// outbox inside its transactions.
 	rc, err := NewInsertClient(pool, logger)
@@ -113,7 +131,7 @@ func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("LISTEN_ADDR=%s: %w", cfg.ListenAddr, err)
 	}
-	reg := NewRegistry(adminPool, logger)
+	reg := NewRegistry(metricsPool, logger)
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
 		Endpoints: riverui.NewEndpoints(rc, nil), Logger: logger, Prefix: "/riverui",
 	})
@@ -128,7 +146,7 @@ func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger)
 		Handlers: []api.Mounter{
 			ingest.NewHandler(ingest.HandlerConfig{
 				Service: svc, Auth: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
-				Observer: metrics.NewIngest(reg),
+				Observer: metrics.NewIngest(reg), TenantMaxInflight: cfg.TenantMaxInflight,
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
 			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger}),
@@ -139,11 +157,12 @@ func wireServer(pool, adminPool *pgxpool.Pool, cfg *Config, logger *slog.Logger)
 		AdminToken: cfg.AdminToken,
 	})
 	return &Server{
-		pool: pool, adminPool: adminPool, ln: ln, logger: logger, riverUI: ui, Registry: reg, Ingest: svc, River: rc,
+		pool: pool, adminPool: adminPool, metricsPool: metricsPool, ln: ln, logger: logger, riverUI: ui, Registry: reg, Ingest: svc, River: rc,
 		http: &http.Server{
 			Handler:           withDeadlines(handler),
-			ReadHeaderTimeout: 10 * time.Second,
-			ReadTimeout:       30 * time.Second,
+			ReadHeaderTimeout: ReadHeaderTimeout,
+			ReadTimeout:       ReadTimeout,
+			WriteTimeout:      WriteTimeout,
 			IdleTimeout:       2 * time.Minute,
 			// Requests keep running after ctx is done so a shutdown lets them
 			// finish instead of rolling back half the in-flight work.
@@ -189,10 +208,12 @@ func (s *Server) Close() {
 	if s.ownsPool {
 		s.pool.Close()
 		s.adminPool.Close()
+		s.metricsPool.Close()
 	}
 }
 
-// withDeadlines gives each API request its deadline (RequestTimeout).
+// withDeadlines gives each API request its deadline (RequestTimeout) and
+// its response a write deadline writeGrace later.
 func withDeadlines(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !strings.HasPrefix(r.URL.Path, "/v1/") {
@@ -203,6 +224,9 @@ func withDeadlines(next http.Handler) http.Handler {
 		if strings.HasPrefix(r.URL.Path, "/v1/billing/") {
 			d = AdminRequestTimeout
 		}
+		// Best effort: a ResponseWriter that cannot (a test recorder)
+		// keeps the server's WriteTimeout.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d + writeGrace))
 		ctx, cancel := context.WithTimeout(r.Context(), d)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
@@ -210,7 +234,8 @@ func withDeadlines(next http.Handler) http.Handler {
 }
 
 // NewRegistry returns a Prometheus registry with the process metrics and
-// the billing backlog read from pool at scrape time.
+// the billing backlog read from pool at scrape time, at most once per
+// metrics.BacklogCacheTTL.
 func NewRegistry(pool *pgxpool.Pool, logger *slog.Logger) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

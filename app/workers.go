@@ -28,7 +28,9 @@ func ServeWorkHealth(ctx context.Context, addr string, pool *pgxpool.Pool, reg *
 	}
 	srv := &http.Server{
 		Handler:           api.NewRouter(api.Config{DB: pool, Logger: logger, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: ReadHeaderTimeout,
+		ReadTimeout:       ReadTimeout,
+		WriteTimeout:      WriteTimeout,
 	}
 	go func() { _ = srv.Serve(ln) }()
 	logger.Info("work health and metrics", "addr", ln.Addr().String())

@@ -9,22 +9,29 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/httpx"
+	"github.com/overage-billing/overage/internal/page"
 )
 
 // Handler serves the finance endpoints.
 type Handler struct {
-	db         overage.DB
+	db         DB
 	adminToken string
 	logger     *slog.Logger
 }
 
 // HandlerConfig wires a Handler.
 type HandlerConfig struct {
-	DB overage.DB
+	DB DB
 	// AdminToken is the bearer token of the finance API (ADMIN_TOKEN).
 	// Empty refuses every request.
 	AdminToken string
 	Logger     *slog.Logger
+}
+
+// DB is what the finance endpoints read with; *pgxpool.Pool satisfies it.
+type DB interface {
+	overage.DB
+	TxBeginner
 }
 
 // NewHandler returns the finance endpoints.
@@ -41,10 +48,17 @@ func (h *Handler) Routes(r chi.Router) {
 	r.With(httpx.AdminOnly(h.adminToken, h.logger)).Get("/v1/billing/status", h.status)
 }
 
-// status answers the finance report, of one tenant with ?tenant_id=.
+// status answers the finance report, of one tenant with ?tenant_id=, else
+// one page of the tenants (?limit=, ?cursor=) with the totals of all.
 func (h *Handler) status(w http.ResponseWriter, r *http.Request) {
 	var tenantID *uuid.UUID
-	if q := r.URL.Query(); q.Has("tenant_id") {
+	q := r.URL.Query()
+	p, err := page.Parse(q)
+	if err != nil {
+		httpx.Error(w, r, h.logger, err)
+		return
+	}
+	if q.Has("tenant_id") {
 		id, err := uuid.Parse(q.Get("tenant_id"))
 		if err != nil {
 			e := overage.Errorf(overage.EMALFORMED, "malformed-request", "tenant_id must be a tenant id (a UUID)")
@@ -54,7 +68,12 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) {
 		}
 		tenantID = &id
 	}
-	rep, err := Status(r.Context(), h.db, tenantID)
+	var rep *Report
+	if tenantID != nil {
+		rep, err = Status(r.Context(), h.db, tenantID)
+	} else {
+		rep, err = StatusPage(r.Context(), h.db, p)
+	}
 	if err != nil {
 		httpx.Error(w, r, h.logger, err)
 		return

@@ -44,8 +44,9 @@ func TestHTTPStatusAnswersTheSpecShape(t *testing.T) {
 	}
 	var top map[string]json.RawMessage
 	_ = json.Unmarshal(r.body, &top)
-	if len(top) != 2 {
-		t.Fatalf("top-level keys = %v, want tenants and totals", keys(top))
+	// Every tenant fits one page: next_cursor is null.
+	if len(top) != 3 || string(top["next_cursor"]) != "null" {
+		t.Fatalf("top-level keys = %v (next_cursor %s), want tenants, totals and a null next_cursor", keys(top), top["next_cursor"])
 	}
 	wantTenant := append([]string{"tenant_id", "name", "stripe_customer_id"}, counterFields...)
 	for _, tn := range raw.Tenants {

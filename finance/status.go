@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/page"
 
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -68,6 +69,10 @@ type TenantStatus struct {
 type Report struct {
 	Tenants []TenantStatus `json:"tenants"`
 	Totals  Counters       `json:"totals"`
+	// NextCursor continues GET /v1/billing/status's tenants (?cursor=)
+	// when more may follow; null on the last page and in `overage
+	// status`, which prints every tenant.
+	NextCursor *string `json:"next_cursor"`
 }
 
 // statusQuery reads the report in one statement, hence one snapshot. The
@@ -108,7 +113,88 @@ ORDER BY t.name, t.id`
 var (
 	statusAll       = fmt.Sprintf(statusQuery, "")
 	statusOneTenant = fmt.Sprintf(statusQuery, "WHERE t.id = $1")
+	// statusPage is a page of tenants: after ($1, $2) in the order, at
+	// most $3 of them.
+	statusPage = fmt.Sprintf(statusQuery, "WHERE $1::text IS NULL OR (t.name, t.id) > ($1, $2::uuid)") + " LIMIT $3"
 )
+
+// totalsQuery is the report's totals over every tenant, from the same
+// counters as the tenants' lines.
+var totalsQuery = `
+SELECT coalesce(sum(b.usage_logs), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusPending) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNotBillable) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNeedsReview) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusFailed) + `), 0)::bigint,
+	coalesce(sum(b.overage_input_tokens), 0)::bigint,
+	coalesce(sum(b.overage_output_tokens), 0)::bigint,
+	coalesce(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
+	coalesce(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
+	(SELECT min(u.created_at) FROM usage_logs u WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusPending) + `)
+FROM billing_counters b`
+
+// statusKey is the cursor of a page of the report: the last tenant's
+// place in the order (name, id).
+type statusKey struct {
+	Name string    `json:"n"`
+	ID   uuid.UUID `json:"i"`
+}
+
+// TxBeginner is what StatusPage reads its page and totals in one snapshot
+// with; *pgxpool.Pool satisfies it.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// StatusPage is GET /v1/billing/status without ?tenant_id=: one page of
+// the tenants, sorted by name then id, and the totals over every tenant
+// (the sums of the tenants' lines across all pages), read in one
+// snapshot.
+func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Report, error) {
+	var after *statusKey
+	if p.HasCursor() {
+		after = &statusKey{}
+		if err := p.Cursor(after); err != nil {
+			return nil, err
+		}
+	}
+	var r *Report
+	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		var name *string
+		var id *uuid.UUID
+		if after != nil {
+			name, id = &after.Name, &after.ID
+		}
+		rows, err := tx.Query(ctx, statusPage, name, id, p.Limit+1)
+		if err != nil {
+			return fmt.Errorf("read billing status: %w", err)
+		}
+		if r, err = scanReport(rows); err != nil {
+			return err
+		}
+		var c Counters
+		if err := tx.QueryRow(ctx, totalsQuery).Scan(&c.UsageLogs, &c.Billed, &c.Pending, &c.NotBillable, &c.NeedsReview, &c.Failed,
+			&c.OverageInputTokens, &c.OverageOutputTokens, &c.BilledInputTokens, &c.BilledOutputTokens, &c.OldestPendingAt); err != nil {
+			return fmt.Errorf("read billing totals: %w", err)
+		}
+		if c.OldestPendingAt != nil {
+			t := c.OldestPendingAt.UTC()
+			c.OldestPendingAt = &t
+		}
+		r.Totals = c
+		return nil
+	})
+	if err != nil {
+		return nil, dbError(err)
+	}
+	if len(r.Tenants) > p.Limit {
+		r.Tenants = r.Tenants[:p.Limit]
+		last := r.Tenants[len(r.Tenants)-1]
+		r.NextCursor = page.Next(true, statusKey{Name: last.Name, ID: last.TenantID})
+	}
+	return r, nil
+}
 
 // Status returns the finance report of every tenant, or of one when
 // tenantID is set (then Totals are that tenant's). An unknown tenant is
@@ -125,6 +211,18 @@ func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, e
 	if err != nil {
 		return nil, dbError(fmt.Errorf("read billing status: %w", err))
 	}
+	r, err := scanReport(rows)
+	if err != nil {
+		return nil, dbError(err)
+	}
+	if tenantID != nil && len(r.Tenants) == 0 {
+		return nil, overage.NotFound("tenant %s not found", tenantID)
+	}
+	return r, nil
+}
+
+// scanReport reads the report's lines, totalling them.
+func scanReport(rows pgx.Rows) (*Report, error) {
 	defer rows.Close()
 	r := &Report{Tenants: []TenantStatus{}}
 	for rows.Next() {
@@ -134,7 +232,7 @@ func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, e
 			&c.UsageLogs, &c.Billed, &c.Pending, &c.NotBillable, &c.NeedsReview, &c.Failed,
 			&c.OverageInputTokens, &c.OverageOutputTokens, &c.BilledInputTokens, &c.BilledOutputTokens,
 			&c.OldestPendingAt); err != nil {
-			return nil, dbError(fmt.Errorf("read billing status: %w", err))
+			return nil, fmt.Errorf("read billing status: %w", err)
 		}
 		if c.OldestPendingAt != nil {
 			t := c.OldestPendingAt.UTC()
@@ -144,10 +242,7 @@ func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, e
 		r.Totals.add(s.Counters)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, dbError(fmt.Errorf("read billing status: %w", err))
-	}
-	if tenantID != nil && len(r.Tenants) == 0 {
-		return nil, overage.NotFound("tenant %s not found", tenantID)
+		return nil, fmt.Errorf("read billing status: %w", err)
 	}
 	return r, nil
 }

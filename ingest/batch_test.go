@@ -244,7 +244,7 @@ func (b *bundle) requireExactTotals(t *testing.T, tenant string, wantIn, wantOut
 // exact — the overage is the usage above the allowance, once.
 func TestConcurrentBatchesCrossingTheAllowanceSplitExactly(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupUnlimited(t)
 	const n, per = 20, 5 // 100 events x 30/10 = 3000/1000 tokens against 1000/500 included
 	var wg sync.WaitGroup
 	for i := range n {
@@ -337,7 +337,7 @@ func TestConcurrentSingleEventsAndBatchesCrossingTheAllowance(t *testing.T) {
 // not deadlock.
 func TestConcurrentRequestsSharingRequestIDsRecordEachOnce(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupUnlimited(t)
 	var wg sync.WaitGroup
 	singles := make([]response, 10)
 	for i := range singles {

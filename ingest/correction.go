@@ -433,6 +433,13 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 	if err != nil {
 		return nil, malformed("body", err.Error())
 	}
+	if tenantID != nil {
+		release, err := h.admit(*tenantID, false)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+	}
 	return h.svc.Correct(r.Context(), CorrectParams{TenantID: tenantID, UsageLogID: logID, Key: key, Fingerprint: fp,
 		InputTokens: in, OutputTokens: out, Reason: reason})
 }

@@ -36,6 +36,7 @@ type Handler struct {
 	logger     *slog.Logger
 	now        func() time.Time
 	observer   Observer
+	limiter    *tenantLimiter
 }
 
 // HandlerConfig wires a Handler.
@@ -49,11 +50,16 @@ type HandlerConfig struct {
 	Now func() time.Time
 	// Observer, optional, records outcomes and latencies.
 	Observer Observer
+	// TenantMaxInflight is how many requests of one tenant execute at
+	// once (TENANT_MAX_INFLIGHT); beyond, 429 tenant-busy. 0 is
+	// DefaultTenantMaxInflight.
+	TenantMaxInflight int
 }
 
 // NewHandler returns the ingest endpoints.
 func NewHandler(cfg HandlerConfig) *Handler {
-	h := &Handler{svc: cfg.Service, auth: cfg.Auth, adminToken: cfg.AdminToken, logger: cfg.Logger, now: cfg.Now, observer: cfg.Observer}
+	h := &Handler{svc: cfg.Service, auth: cfg.Auth, adminToken: cfg.AdminToken, logger: cfg.Logger, now: cfg.Now, observer: cfg.Observer,
+		limiter: newTenantLimiter(cfg.TenantMaxInflight)}
 	if h.logger == nil {
 		h.logger = slog.New(slog.DiscardHandler)
 	}
@@ -116,6 +122,13 @@ func (h *Handler) record(r *http.Request) (*Outcome, error) {
 	if err != nil {
 		return nil, malformed("body", err.Error())
 	}
+	// A checkpoint is never coalesced; a single event is, when the
+	// service coalesces.
+	release, err := h.admit(in.tenantID, ev.Stream == nil)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	if ev.Stream != nil {
 		return h.svc.Checkpoint(r.Context(), RecordParams{TenantID: in.tenantID, Key: in.key, Fingerprint: fp, Event: ev})
 	}
@@ -124,11 +137,25 @@ func (h *Handler) record(r *http.Request) (*Outcome, error) {
 
 // recordBatch is record for a batch: the same order of checks, every event
 // validated before anything is claimed or stored.
+//
+// Its tenant's slot is taken right after authentication: a tenant past
+// its limit is refused before its body (up to maxBatchBytes) is read or
+// parsed, so a flood costs little more than the key's lookup.
 func (h *Handler) recordBatch(r *http.Request) (*Outcome, error) {
-	in, err := h.read(r, maxBatchBytes)
+	tenantID, err := h.tenant(r)
 	if err != nil {
 		return nil, err
 	}
+	release, err := h.admit(tenantID, false)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	key, body, err := readKeyAndBody(r, maxBatchBytes)
+	if err != nil {
+		return nil, err
+	}
+	in := &input{tenantID: tenantID, key: key, body: body}
 	events, err := parseBatch(in.body, h.now(), in.tenantID)
 	if err != nil {
 		return nil, err
@@ -138,6 +165,20 @@ func (h *Handler) recordBatch(r *http.Request) (*Outcome, error) {
 		return nil, malformed("body", err.Error())
 	}
 	return h.svc.RecordBatch(r.Context(), BatchParams{TenantID: in.tenantID, Key: in.key, Fingerprint: fp, Events: events})
+}
+
+// admit takes one of tenant's TENANT_MAX_INFLIGHT slots for a request
+// about to execute, a single event (coalesced when the service coalesces)
+// or anything else; it returns the slot's release, or 429 tenant-busy.
+// It runs after authentication and before the request's transaction: a
+// refused request has cost its key's lookup, nothing more in the
+// database.
+func (h *Handler) admit(tenant uuid.UUID, singleEvent bool) (func(), error) {
+	coalesce := 0
+	if h.svc.coalesce != nil {
+		coalesce = h.svc.coalesce.inFlight
+	}
+	return h.limiter.admit(tenant, singleEvent && coalesce > 0, coalesce)
 }
 
 // input is what every ingest request carries besides its body's meaning.
@@ -194,6 +235,12 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		tenantID = &id
+		release, err := h.admit(id, false)
+		if err != nil {
+			httpx.Error(w, r, h.logger, err)
+			return
+		}
+		defer release()
 	}
 	id, err := uuid.Parse(chi.URLParam(r, "id"))
 	if err != nil {
@@ -244,6 +291,8 @@ func outcomeOf(out *Outcome, err error) string {
 		return metrics.IngestInvalid
 	case e.Code == overage.EUNAVAILABLE:
 		return metrics.IngestUnavailable
+	case e.Code == overage.EBUSY:
+		return metrics.IngestBusy
 	}
 	return metrics.IngestError
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/httpx"
+	"github.com/overage-billing/overage/internal/page"
 )
 
 // Streaming responses. A streamed LLM answer is reported as checkpoints:
@@ -289,10 +290,28 @@ type RequestUsage struct {
 	RequestID   string             `json:"request_id"`
 	UsageEvents []overage.UsageLog `json:"usage_events"`
 	Stream      *StreamTotals      `json:"stream"`
+	// NextCursor continues usage_events (?cursor=) when more may follow;
+	// null on the last page.
+	NextCursor *string `json:"next_cursor"`
 }
 
-// ByRequestID lists what the tenant recorded under a request_id.
-func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid string) (*RequestUsage, error) {
+// requestKey is the cursor of a page of a request_id's logs: the last
+// one's id (a UUIDv7, so ordered by time).
+type requestKey struct {
+	ID uuid.UUID `json:"i"`
+}
+
+// ByRequestID lists what the tenant recorded under a request_id: one page
+// of the logs, oldest first, and the stream's totals on every page.
+func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid string, p page.Params) (*RequestUsage, error) {
+	var after *uuid.UUID
+	if p.HasCursor() {
+		var k requestKey
+		if err := p.Cursor(&k); err != nil {
+			return nil, err
+		}
+		after = &k.ID
+	}
 	out := &RequestUsage{RequestID: rid, UsageEvents: []overage.UsageLog{}}
 	st, err := scanStream(s.pool.QueryRow(ctx, streamSQL, tenantID, rid))
 	switch {
@@ -302,7 +321,8 @@ func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid strin
 		return nil, dbError(fmt.Errorf("read stream: %w", err))
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+logColumns+` FROM usage_logs
-		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) ORDER BY id`, tenantID, rid)
+		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) AND ($3::uuid IS NULL OR id > $3)
+		ORDER BY id LIMIT $4`, tenantID, rid, after, p.Limit+1)
 	if err != nil {
 		return nil, dbError(fmt.Errorf("read usage logs by request_id: %w", err))
 	}
@@ -316,8 +336,12 @@ func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid strin
 	if err != nil {
 		return nil, dbError(fmt.Errorf("read usage logs by request_id: %w", err))
 	}
+	if len(logs) > p.Limit {
+		logs = logs[:p.Limit]
+		out.NextCursor = page.Next(true, requestKey{ID: logs[len(logs)-1].ID})
+	}
 	out.UsageEvents = logs
-	if len(logs) == 0 && out.Stream == nil {
+	if len(logs) == 0 && out.Stream == nil && after == nil {
 		return nil, overage.NotFound("nothing was recorded under request_id %q", rid)
 	}
 	return out, nil
@@ -336,7 +360,18 @@ func (h *Handler) listByRequestID(w http.ResponseWriter, r *http.Request) {
 		httpx.Error(w, r, h.logger, malformed("request_id", fmt.Sprintf("the query parameter request_id is required: 1 to %d characters", maxTextLen)))
 		return
 	}
-	out, err := h.svc.ByRequestID(r.Context(), tenantID, rid)
+	p, err := page.Parse(r.URL.Query())
+	if err != nil {
+		httpx.Error(w, r, h.logger, err)
+		return
+	}
+	release, err := h.admit(tenantID, false)
+	if err != nil {
+		httpx.Error(w, r, h.logger, err)
+		return
+	}
+	defer release()
+	out, err := h.svc.ByRequestID(r.Context(), tenantID, rid, p)
 	if err != nil {
 		httpx.Error(w, r, h.logger, err)
 		return

@@ -131,7 +131,7 @@ func TestStreamLostAnswerAndOutOfOrder(t *testing.T) {
 // checkpoint's totals exactly, and so does the period's total.
 func TestConcurrentCheckpointsNeverDoubleCount(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupUnlimited(t)
 	rid := "chatcmpl-race"
 	const n = 24
 	order := rand.Perm(2 * n)

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,7 @@ const (
 	IngestInvalid      = "invalid"
 	IngestUnauthorized = "unauthorized"
 	IngestUnavailable  = "unavailable"
+	IngestBusy         = "tenant_busy"
 	IngestError        = "error"
 )
 
@@ -43,7 +45,7 @@ func NewIngest(reg prometheus.Registerer) *Ingest {
 	m := &Ingest{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "overage_ingest_requests_total",
-			Help: "Usage event requests by outcome (new, replay, duplicate, key_reuse, in_progress, invalid, unauthorized, unavailable, error).",
+			Help: "Usage event requests by outcome (new, replay, duplicate, key_reuse, in_progress, invalid, unauthorized, unavailable, tenant_busy, error).",
 		}, []string{"outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "overage_ingest_duration_seconds",
@@ -52,7 +54,7 @@ func NewIngest(reg prometheus.Registerer) *Ingest {
 		}, []string{"outcome"}),
 	}
 	reg.MustRegister(m.requests, m.duration)
-	for _, o := range []string{IngestNew, IngestReplay, IngestDuplicate, IngestKeyReuse, IngestInProgress, IngestInvalid, IngestUnauthorized, IngestUnavailable, IngestError} {
+	for _, o := range []string{IngestNew, IngestReplay, IngestDuplicate, IngestKeyReuse, IngestInProgress, IngestInvalid, IngestUnauthorized, IngestUnavailable, IngestBusy, IngestError} {
 		m.requests.WithLabelValues(o) // present at zero, so rates work from the first scrape
 	}
 	return m
@@ -147,26 +149,49 @@ type Backlog struct {
 // BacklogFunc reads the backlog.
 type BacklogFunc func(ctx context.Context) (Backlog, error)
 
-// backlogCollector reads the backlog from PostgreSQL at each scrape, so the
-// gauges are never stale and nothing runs between scrapes.
+// BacklogCacheTTL is how long a backlog read serves the scrapes that
+// follow: /metrics answers anyone who asks, and a scrape storm costs at
+// most one query per BacklogCacheTTL, one at a time.
+const BacklogCacheTTL = 5 * time.Second
+
+// backlogCollector reads the backlog from PostgreSQL at a scrape, and
+// serves it to the scrapes of the next BacklogCacheTTL; the age of the
+// oldest pending log keeps growing meanwhile. Nothing runs between
+// scrapes.
 type backlogCollector struct {
 	read                            BacklogFunc
 	logger                          *slog.Logger
 	pending, oldest, review, failed *prometheus.Desc
 	up                              *prometheus.Desc
+	now                             func() time.Time
+	ttl                             time.Duration
+
+	// mu is held through a read, so concurrent scrapes wait for one
+	// query instead of each sending theirs.
+	mu     sync.Mutex
+	last   Backlog
+	lastOK bool
+	readAt time.Time // by now; zero before the first read
 }
 
-// RegisterBacklog registers gauges read by read at scrape time.
+// RegisterBacklog registers gauges read by read at scrape time, at most
+// once per BacklogCacheTTL.
 func RegisterBacklog(reg prometheus.Registerer, read BacklogFunc, logger *slog.Logger) {
-	reg.MustRegister(&backlogCollector{
+	reg.MustRegister(newBacklogCollector(read, logger, time.Now))
+}
+
+func newBacklogCollector(read BacklogFunc, logger *slog.Logger, now func() time.Time) *backlogCollector {
+	return &backlogCollector{
 		read:    read,
 		logger:  logger,
+		now:     now,
+		ttl:     BacklogCacheTTL,
 		pending: prometheus.NewDesc("overage_pending_usage_logs", "Usage logs with overage not yet accepted by Stripe.", nil, nil),
 		oldest:  prometheus.NewDesc("overage_oldest_pending_age_seconds", "Age of the oldest pending usage log (0 when none).", nil, nil),
 		review:  prometheus.NewDesc("overage_needs_review_usage_logs", "Usage logs past Stripe's idempotency window, waiting for an operator.", nil, nil),
 		failed:  prometheus.NewDesc("overage_failed_usage_logs", "Usage logs Stripe refused permanently.", nil, nil),
-		up:      prometheus.NewDesc("overage_backlog_scrape_ok", "1 when the backlog could be read from PostgreSQL.", nil, nil),
-	})
+		up:      prometheus.NewDesc("overage_backlog_scrape_ok", "1 when the backlog could be read from PostgreSQL (within the last "+BacklogCacheTTL.String()+").", nil, nil),
+	}
 }
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -177,20 +202,36 @@ func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.up
 }
 
-func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	b, err := c.read(ctx)
-	if err != nil {
-		if c.logger != nil && !errors.Is(err, context.Canceled) {
+// backlog is the cached read, read again once older than ttl; a failed
+// read is remembered as long, so a database that does not answer is
+// asked once per ttl, not once per scrape. since is how long ago it was
+// read.
+func (c *backlogCollector) backlog() (b Backlog, ok bool, since time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if c.readAt.IsZero() || now.Sub(c.readAt) >= c.ttl || now.Before(c.readAt) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		b, err := c.read(ctx)
+		cancel()
+		if err != nil && c.logger != nil && !errors.Is(err, context.Canceled) {
 			c.logger.Warn("metrics: read billing backlog", "err", err)
 		}
+		c.last, c.lastOK, c.readAt = b, err == nil, c.now()
+		now = c.readAt
+	}
+	return c.last, c.lastOK, now.Sub(c.readAt)
+}
+
+func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	b, ok, since := c.backlog()
+	if !ok {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
 	}
 	age := 0.0
 	if b.OldestPending != nil {
-		age = max(0, b.Now.Sub(*b.OldestPending).Seconds())
+		age = max(0, (b.Now.Sub(*b.OldestPending) + since).Seconds())
 	}
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(b.Pending))
 	ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age)

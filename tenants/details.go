@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/page"
 )
 
 // Details is what an operator sees of a tenant: its allowance, Stripe
@@ -32,13 +33,24 @@ type Subscription struct {
 	CurrentPeriodEnd   time.Time `json:"current_period_end"`
 }
 
-// List is every tenant, oldest first.
+// List is every tenant, oldest first, or one page of them.
 type List struct {
 	Tenants []Details `json:"tenants"`
+	// NextCursor continues the list (?cursor=) when more tenants may
+	// follow; null on the last page.
+	NextCursor *string `json:"next_cursor"`
+}
+
+// listKey is the cursor of a page of tenants: the last one's place in
+// the order (created_at, id).
+type listKey struct {
+	CreatedAt time.Time `json:"c"`
+	ID        uuid.UUID `json:"i"`
 }
 
 // detailsQuery reads tenants with their newest subscription and their keys
-// in one statement; $1 NULL reads them all.
+// in one statement; $1 NULL reads them all, from after ($2, $3) in the
+// order, at most $4 of them (NULL: no limit).
 const detailsQuery = `
 	SELECT t.id, t.name, t.stripe_customer_id, t.included_input_tokens, t.included_output_tokens, t.created_at,
 	       t.suspended_at, t.suspended_reason,
@@ -49,12 +61,14 @@ const detailsQuery = `
 	FROM tenants t
 	LEFT JOIN LATERAL (SELECT * FROM tenant_subscriptions s WHERE s.tenant_id = t.id
 	                   ORDER BY s.current_period_end DESC LIMIT 1) s ON true
-	WHERE $1::uuid IS NULL OR t.id = $1
-	ORDER BY t.created_at, t.id`
+	WHERE ($1::uuid IS NULL OR t.id = $1)
+	  AND ($2::timestamptz IS NULL OR (t.created_at, t.id) > ($2, $3::uuid))
+	ORDER BY t.created_at, t.id
+	LIMIT $4`
 
 // Show returns one tenant's details.
 func (s *Store) Show(ctx context.Context, id uuid.UUID) (*Details, error) {
-	l, err := s.details(ctx, &id)
+	l, err := s.details(ctx, &id, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -66,15 +80,46 @@ func (s *Store) Show(ctx context.Context, id uuid.UUID) (*Details, error) {
 
 // List returns every tenant's details.
 func (s *Store) List(ctx context.Context) (*List, error) {
-	l, err := s.details(ctx, nil)
+	l, err := s.details(ctx, nil, nil, nil)
 	if err != nil {
 		return nil, err
 	}
 	return &List{Tenants: l}, nil
 }
 
-func (s *Store) details(ctx context.Context, id *uuid.UUID) ([]Details, error) {
-	rows, err := s.pool.Query(ctx, detailsQuery, id)
+// ListPage returns one page of the tenants' details, oldest first.
+func (s *Store) ListPage(ctx context.Context, p page.Params) (*List, error) {
+	var after *listKey
+	if p.HasCursor() {
+		after = &listKey{}
+		if err := p.Cursor(after); err != nil {
+			return nil, err
+		}
+	}
+	limit := p.Limit + 1 // one more says whether another page follows
+	l, err := s.details(ctx, nil, after, &limit)
+	if err != nil {
+		return nil, err
+	}
+	more := len(l) > p.Limit
+	if more {
+		l = l[:p.Limit]
+	}
+	out := &List{Tenants: l}
+	if more {
+		last := l[len(l)-1]
+		out.NextCursor = page.Next(true, listKey{CreatedAt: last.CreatedAt, ID: last.ID})
+	}
+	return out, nil
+}
+
+func (s *Store) details(ctx context.Context, id *uuid.UUID, after *listKey, limit *int) ([]Details, error) {
+	var afterAt *time.Time
+	var afterID *uuid.UUID
+	if after != nil {
+		afterAt, afterID = &after.CreatedAt, &after.ID
+	}
+	rows, err := s.pool.Query(ctx, detailsQuery, id, afterAt, afterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read tenants: %w", err)
 	}

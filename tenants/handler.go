@@ -14,6 +14,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/dberr"
 	"github.com/overage-billing/overage/internal/httpx"
+	"github.com/overage-billing/overage/internal/page"
 )
 
 // maxBodyBytes bounds a tenant request body, as ingest bounds its own; the
@@ -91,7 +92,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) list(w http.ResponseWriter, r *http.Request) {
-	l, err := h.store.List(r.Context())
+	p, err := page.Parse(r.URL.Query())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	l, err := h.store.ListPage(r.Context(), p)
 	if err != nil {
 		h.fail(w, r, err)
 		return

@@ -211,7 +211,9 @@ func (s *Store) RevokeKey(ctx context.Context, key string) error {
 // Authenticate returns the tenant id that key belongs to, or an
 // EUNAUTHORIZED error for a missing, unknown or revoked key.
 func (s *Store) Authenticate(ctx context.Context, key string) (uuid.UUID, error) {
-	if !strings.HasPrefix(key, keyPrefix) {
+	if !WellFormedKey(key) {
+		// No key of ours looks like this: refused without a query, so a
+		// flood of made-up keys costs the database nothing.
 		return uuid.Nil, errUnauthorized
 	}
 	var id uuid.UUID
@@ -223,6 +225,25 @@ func (s *Store) Authenticate(ctx context.Context, key string) (uuid.UUID, error)
 		return uuid.Nil, fmt.Errorf("authenticate: %w", err)
 	}
 	return id, nil
+}
+
+// keyLen is the length of every API key: the prefix and 32 random bytes
+// in unpadded base64url.
+var keyLen = len(keyPrefix) + base64.RawURLEncoding.EncodedLen(32)
+
+// WellFormedKey reports whether key has the shape of an API key this
+// service makes: "ovg_" and 43 base64url characters.
+func WellFormedKey(key string) bool {
+	if len(key) != keyLen || !strings.HasPrefix(key, keyPrefix) {
+		return false
+	}
+	for i := len(keyPrefix); i < len(key); i++ {
+		c := key[i]
+		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 var errUnauthorized = overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "missing, unknown or revoked API key")

@@ -45,7 +45,7 @@ func main() {
 	flag.StringVar(&p.dbURL, "database-url", os.Getenv("DATABASE_URL"), "migrated database holding bench/setup.sql's tenants and nothing else")
 	flag.StringVar(&p.bin, "bin", "./bin/overage", "the overage binary")
 	flag.StringVar(&p.addr, "addr", "127.0.0.1:18081", "where overage serve listens")
-	flag.IntVar(&p.tenants, "tenants", 100, "tenants sending (API keys ovg_bench1..N)")
+	flag.IntVar(&p.tenants, "tenants", 100, "tenants sending (API keys benchkit.BenchKey(1..N))")
 	flag.IntVar(&p.batch, "batch", 100, "events per batch")
 	flag.Float64Var(&p.rate, "rate", 10000, "events per second offered, across all tenants")
 	flag.DurationVar(&p.duration, "duration", 30*time.Second, "how long to offer")

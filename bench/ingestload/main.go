@@ -24,7 +24,7 @@ func main() {
 	url := flag.String("url", "http://127.0.0.1:18080", "base URL of overage serve")
 	clients := flag.Int("clients", 8, "concurrent clients")
 	duration := flag.Duration("duration", 10*time.Second, "how long to send")
-	tenants := flag.Int("tenants", 100, "benchmark tenants (API keys ovg_bench1..N)")
+	tenants := flag.Int("tenants", 100, "benchmark tenants (API keys benchkit.BenchKey(1..N))")
 	batch := flag.Int("batch", 0, "events per request on the batch endpoint; 0 sends single events")
 	window := flag.Duration("window", 0, "also print events/s and p99 of each window this long (a soak); 0: only the totals")
 	flag.Parse()

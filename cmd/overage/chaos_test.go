@@ -74,7 +74,9 @@ func TestChaos(t *testing.T) {
 	}
 	t.Cleanup(emu.Close)
 
-	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": chaosAdminToken}
+	// Racing checkpoints send a tenant's requests many at a time: past
+	// TENANT_MAX_INFLIGHT they would be refused, not raced.
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": chaosAdminToken, "TENANT_MAX_INFLIGHT": "1000"}
 	type tenant struct {
 		ID     string `json:"id"`
 		APIKey string `json:"api_key"`
@@ -411,7 +413,7 @@ func TestChaos(t *testing.T) {
 
 // chaosAdminToken is the chaos server's ADMIN_TOKEN: corrections are an
 // operator's, of any tenant's log.
-const chaosAdminToken = "chaos-admin-token"
+const chaosAdminToken = "chaos-admin-token-0123456789abcdef"
 
 // correctWave posts, for every event i whose i%10 is in which, the
 // correction pick returns (corrected totals; twice: send it again under the

@@ -104,7 +104,8 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	// unless ADMIN_TOKEN names it, and prints it below.
 	generatedToken := cfg.AdminToken == ""
 	if generatedToken {
-		cfg.AdminToken = cryptorand.Text()
+		// Two texts: 52 characters, over the 32 ADMIN_TOKEN needs.
+		cfg.AdminToken = cryptorand.Text() + cryptorand.Text()
 	}
 	srv, err := app.NewServerOn(pool, cfg, logger)
 	if errors.Is(err, syscall.EADDRINUSE) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
@@ -104,7 +105,7 @@ func TestDevSaysHowToProvideADatabase(t *testing.T) {
 // River UI; /metrics carries the workers' Stripe call metrics too.
 func TestDevKeepRunningPrintsAdminAccess(t *testing.T) {
 	t.Parallel()
-	for _, given := range []string{"", "admin-token-from-env"} {
+	for _, given := range []string{"", "admin-token-from-env-0123456789abcdef"} {
 		env := map[string]string{"DATABASE_URL": pgtest.NewDatabase(t), "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": given}
 		ctx, cancel := context.WithCancel(context.Background())
 		var out syncbuf.Buffer
@@ -118,7 +119,7 @@ func TestDevKeepRunningPrintsAdminAccess(t *testing.T) {
 		printed := out.String()
 		token := regexp.MustCompile(`Admin token \([^)]*\):\n\n  (\S+)\n`).FindStringSubmatch(printed)
 		base := regexp.MustCompile(`Serving on (http://\S+) until`).FindStringSubmatch(printed)
-		if token == nil || base == nil || (given != "" && token[1] != given) || (given == "" && len(token[1]) < 20) {
+		if token == nil || base == nil || (given != "" && token[1] != given) || (given == "" && len(token[1]) < app.MinAdminTokenLen) {
 			t.Fatalf("ADMIN_TOKEN=%q: no usable admin token or URL in:\n%s", given, printed)
 		}
 		for _, path := range []string{"/v1/billing/status", "/v1/tenants", "/riverui/api/jobs?state=available"} {

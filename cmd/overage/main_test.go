@@ -103,7 +103,7 @@ func TestHelpAndUnknownCommand(t *testing.T) {
 func TestServeEndToEnd(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabase(t)
-	const adminToken = "admin-secret-e2e-token"
+	const adminToken = "admin-secret-e2e-token-0123456789abcdef"
 	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": adminToken,
 		"STRIPE_SECRET_KEY": "sk_test_e2esecretkey", "STRIPE_WEBHOOK_SECRET": "whsec_e2esecret", "LOG_LEVEL": "debug"}
 	if out, _, err := runCmd(t, env, "migrate"); err != nil || !strings.Contains(out, "0 overage") {

@@ -17,9 +17,12 @@ import (
 // reach into its pools.
 func startServerOn(t *testing.T, dbURL string) *app.Server {
 	t.Helper()
-	srv, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": "admin"})
+	srv, _ := startServer(t, map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": poolTestAdminToken})
 	return srv
 }
+
+// poolTestAdminToken is the ADMIN_TOKEN of these servers.
+const poolTestAdminToken = "admin-token-for-the-pool-test-0123456789"
 
 // holdAll acquires every connection of pool until t ends: a stalled
 // database, or slow queries in flight on all of them.
@@ -92,7 +95,7 @@ func TestSlowStatusDoesNotStarveIngest(t *testing.T) {
 		go func() {
 			defer reports.Done()
 			req, _ := http.NewRequestWithContext(statusCtx, http.MethodGet, "http://"+srv.Addr()+"/v1/billing/status", nil)
-			req.Header.Set("Authorization", "Bearer admin")
+			req.Header.Set("Authorization", "Bearer "+poolTestAdminToken)
 			if res, err := httpClient.Do(req); err == nil {
 				res.Body.Close()
 			}

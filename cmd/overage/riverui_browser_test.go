@@ -26,7 +26,7 @@ func TestRiverUIOpensInABrowser(t *testing.T) {
 	t.Parallel()
 	browser := aptinstall.Command(t, "chromium", "chromium")
 	dbURL := pgtest.NewDatabase(t)
-	const adminToken = "admin-browser-token-1234"
+	const adminToken = "admin-browser-token-1234-0123456789abcdef"
 	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": adminToken}
 	// A job for River UI to show: the report of one recorded event.
 	out, _, err := runCmd(t, env, "tenant", "create", "--name", "Acme", "--stripe-customer", "cus_browser")

@@ -20,7 +20,7 @@ import (
 func TestTenantCommandsAndAPIManageTenantsAndKeys(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewDatabase(t)
-	const adminToken = "admin-secret-tenants-token"
+	const adminToken = "admin-secret-tenants-token-0123456789abcdef"
 	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": adminToken, "LOG_LEVEL": "debug"}
 	srv, logs := startServer(t, env)
 	sent := 0

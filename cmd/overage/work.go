@@ -36,6 +36,7 @@ func cmdWork(ctx context.Context, e env, args []string) error {
 	if err := app.CheckSchema(ctx, pool); err != nil {
 		return err
 	}
+	app.WarnConnectionBudget(ctx, pool, int(pool.Config().MaxConns), logger)
 	reg := app.NewRegistry(pool, logger)
 	w, err := app.NewWorkers(pool, cfg, logger, reg)
 	if err != nil {

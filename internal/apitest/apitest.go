@@ -6,6 +6,7 @@ package apitest
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,7 +20,7 @@ import (
 )
 
 // AdminToken is the ADMIN_TOKEN of test servers.
-const AdminToken = "admin-test-token"
+const AdminToken = "admin-test-token-0123456789abcdef0123"
 
 // WebhookSecret is the STRIPE_WEBHOOK_SECRET of test servers; sign test
 // payloads with it (stripe-go's webhook.GenerateTestSignedPayload).
@@ -30,6 +31,8 @@ type Options struct {
 	// WebhookSecret is STRIPE_WEBHOOK_SECRET; "" refuses every webhook
 	// delivery with 503, as `overage serve` does without it.
 	WebhookSecret string
+	// TenantMaxInflight is TENANT_MAX_INFLIGHT; 0 keeps the default.
+	TenantMaxInflight int
 }
 
 // Server is a running test API.
@@ -62,9 +65,11 @@ func StartOn(t testing.TB, pool *pgxpool.Pool, dbURL string) *Server {
 // configuration's defaults.
 func StartWith(t testing.TB, pool *pgxpool.Pool, dbURL string, opts Options) *Server {
 	t.Helper()
-	cfg, err := app.LoadConfig(vars{
-		"LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": AdminToken, "STRIPE_WEBHOOK_SECRET": opts.WebhookSecret,
-	}.get)
+	env := vars{"LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": AdminToken, "STRIPE_WEBHOOK_SECRET": opts.WebhookSecret}
+	if opts.TenantMaxInflight > 0 {
+		env["TENANT_MAX_INFLIGHT"] = strconv.Itoa(opts.TenantMaxInflight)
+	}
+	cfg, err := app.LoadConfig(env.get)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,6 @@
 // Package dberr classifies database failures for the HTTP layer: an
 // unreachable or overloaded PostgreSQL is EUNAVAILABLE (503, retry later,
+// nothing was stored), a total out of bigint's range is EINVALID (422,
 // nothing was stored), anything else stays what it was (an application
 // error, or internal: 500 with the cause logged and never shown).
 package dberr
@@ -27,10 +28,42 @@ func Classify(err error, message string) error {
 		return nil
 	}
 	var appErr *overage.Error
-	if errors.As(err, &appErr) || !IsUnavailable(err) {
+	if errors.As(err, &appErr) {
+		return err
+	}
+	if IsOverflow(err) {
+		return &overflowError{cause: err}
+	}
+	if !IsUnavailable(err) {
 		return err
 	}
 	return &unavailableError{cause: err, message: message}
+}
+
+// numericValueOutOfRange is the SQLSTATE of a bigint sum or addition past
+// 2^63-1.
+const numericValueOutOfRange = "22003"
+
+// IsOverflow reports whether PostgreSQL refused a number out of its
+// type's range: a running total (a billing period's tokens) that would
+// pass 2^63-1.
+func IsOverflow(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == numericValueOutOfRange
+}
+
+// overflowError is an EINVALID answer (422) to a write whose tokens would
+// take a total past what it can hold: the statement rolled back, nothing
+// was recorded, and the same request can never succeed.
+type overflowError struct{ cause error }
+
+func (e *overflowError) Error() string { return "total out of range: " + e.cause.Error() }
+func (e *overflowError) Unwrap() []error {
+	const detail = "would take its billing period's total past 9223372036854775807 tokens"
+	return []error{e.cause, overage.Invalid([]overage.FieldError{
+		{Field: "input_tokens", Detail: detail + ""},
+		{Field: "output_tokens", Detail: detail + ""},
+	}, "the tokens would overflow their billing period's total; nothing was recorded")}
 }
 
 // IsUnavailable reports whether err says the database could not be reached

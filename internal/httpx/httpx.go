@@ -29,6 +29,7 @@ var statuses = map[overage.ErrorCode]int{
 	overage.EMETHOD:       http.StatusMethodNotAllowed,
 	overage.ECONFLICT:     http.StatusConflict,
 	overage.ETOOLARGE:     http.StatusRequestEntityTooLarge,
+	overage.EBUSY:         http.StatusTooManyRequests,
 	overage.EUNAVAILABLE:  http.StatusServiceUnavailable,
 	overage.EINTERNAL:     http.StatusInternalServerError,
 }

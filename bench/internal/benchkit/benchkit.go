@@ -47,8 +47,9 @@ func BatchBody(requestIDPrefix string, n int) string {
 }
 
 // BenchKey is the API key of benchmark tenant n (1-based), as
-// bench/setup.sql stores it.
-func BenchKey(n int) string { return "ovg_bench" + strconv.Itoa(n) }
+// bench/setup.sql stores it: well formed (ovg_ and 43 base64url
+// characters), since serve refuses any other without a query.
+func BenchKey(n int) string { return fmt.Sprintf("ovg_bench%038d", n) }
 
 // Post sends one usage-event request and returns its status, the body
 // read and discarded so the connection is reused.

@@ -1,0 +1,63 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/internal/pgtest"
+)
+
+// TestDefaultPoolsFitTheDefaultServer: two serve and two work replicas and
+// a CLI command fit in PostgreSQL's default max_connections (100, 3
+// reserved) with room left for an operator.
+func TestDefaultPoolsFitTheDefaultServer(t *testing.T) {
+	t.Parallel()
+	const operatorRoom = 10
+	b := app.ConnectionBudget{MaxConnections: 100, Reserved: 3, Pools: 2*app.ServeMaxConns + 2*app.WorkMaxConns + app.ToolMaxConns}
+	if b.Problem() != "" || b.Pools+operatorRoom > b.Usable() {
+		t.Fatalf("2 serve (%d) + 2 work (%d) + a tool (%d) = %d of %d usable connections: no room for an operator",
+			app.ServeMaxConns, app.WorkMaxConns, app.ToolMaxConns, b.Pools, b.Usable())
+	}
+}
+
+func TestConnectionBudgetProblem(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		b    app.ConnectionBudget
+		want string // "" for none, else a phrase of the problem
+	}{
+		{app.ConnectionBudget{MaxConnections: 100, Reserved: 3, Pools: 20}, ""},
+		{app.ConnectionBudget{MaxConnections: 100, Reserved: 3, Pools: 97}, ""},
+		{app.ConnectionBudget{MaxConnections: 100, Reserved: 3, Pools: 98}, "more than the 97 the server allows"},
+		{app.ConnectionBudget{MaxConnections: 100, Reserved: 3, Others: 60, Pools: 38}, "60 are held by other clients"},
+		{app.ConnectionBudget{MaxConnections: 100, Reserved: 3, Others: 60, Pools: 37}, ""},
+	} {
+		got := tc.b.Problem()
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%+v: problem %q, want %q", tc.b, got, tc.want)
+		}
+	}
+}
+
+// TestWarnConnectionBudget reads the real server's max_connections: pools
+// far beyond it are a warning naming the numbers, never a failure.
+func TestWarnConnectionBudget(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	b, err := app.ReadConnectionBudget(context.Background(), pool, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.MaxConnections < 1 || b.Reserved < 0 || b.Others < 0 || b.Usable() < 1 {
+		t.Fatalf("budget read from the server: %+v", b)
+	}
+	var logs bytes.Buffer
+	app.WarnConnectionBudget(context.Background(), pool, b.MaxConnections+1, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if out := logs.String(); !strings.Contains(out, `"level":"WARN"`) || !strings.Contains(out, "max_connections") || !strings.Contains(out, `"pools_max_conns":`) {
+		t.Fatalf("no warning for pools over max_connections: %s", out)
+	}
+}

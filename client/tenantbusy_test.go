@@ -1,0 +1,89 @@
+package client_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/overage-billing/overage/client"
+	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/poll"
+)
+
+// TestRetriesTenantBusy: against the real server with TENANT_MAX_INFLIGHT=1
+// and one of the tenant's batches executing, Record is answered 429
+// tenant-busy, waits the Retry-After and records the event once the
+// tenant is free, under the same key.
+func TestRetriesTenantBusy(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := pgtest.NewPool(t)
+	srv := apitest.StartWith(t, pool, dbURL, apitest.Options{TenantMaxInflight: 1})
+	b := &bundle{srv: srv, apiKey: srv.Tenant(t, "acme", 0, 0).APIKey}
+	ctx := context.Background()
+
+	// Hold the tenant's one slot: a batch waiting for usage_logs, locked.
+	lock, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lock.Rollback(ctx) })
+	if _, err := lock.Exec(ctx, `LOCK TABLE usage_logs IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan int, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/usage-events/batch",
+			strings.NewReader(`{"events":[{"request_id":"held","user_id":"u","model_id":"m","input_tokens":1,"output_tokens":1}]}`))
+		req.Header.Set("Authorization", "Bearer "+b.apiKey)
+		req.Header.Set("Idempotency-Key", "held")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			held <- 0
+			return
+		}
+		res.Body.Close()
+		held <- res.StatusCode
+	}()
+	poll.Until(t, "the held batch to wait on usage_logs", 30*time.Second, func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted
+			AND relation = 'usage_logs'::regclass AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+		return n > 0
+	})
+
+	type recorded struct {
+		res *client.Result
+		err error
+	}
+	done := make(chan recorded, 1)
+	go func() {
+		res, err := b.client(t, srv.URL).Record(ctx, ev, nil)
+		done <- recorded{res, err}
+	}()
+	poll.Until(t, "the client to be refused as tenant-busy", 30*time.Second, func() bool {
+		res, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		body, _ := io.ReadAll(res.Body)
+		return strings.Contains(string(body), `overage_ingest_requests_total{outcome="tenant_busy"} 1`)
+	})
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := <-held; st != http.StatusAccepted {
+		t.Fatalf("the held batch: %d", st)
+	}
+	r := <-done
+	if r.err != nil || r.res.Attempts < 2 || r.res.Replayed {
+		t.Fatalf("Record: %+v, %v; want recorded after a retry", r.res, r.err)
+	}
+	if n := b.logs(t); n != 2 {
+		t.Fatalf("%d usage logs, want the held batch's and the event", n)
+	}
+}
