@@ -48,6 +48,10 @@ func TestPeriodTotalOverflowIs422(t *testing.T) {
 		// The total is the sum of the slot rows; reading it overflows.
 		{"the sum over the slots", func() uuid.UUID { return b.alice.ID }, func() string { return b.alice.APIKey },
 			map[int16][2]int64{0: {1, math.MaxInt64 / 2}, 1: {1, math.MaxInt64/2 + 2}}},
+		// The total fits, and so does the row the event's slot adds to, but
+		// the running total of the split would wrap.
+		{"the split's running total", func() uuid.UUID { return b.alice.ID }, func() string { return b.alice.APIKey },
+			map[int16][2]int64{0: {math.MaxInt64 - 50, 0}}},
 	} {
 		setTotal(tc.tenant(), tc.slots)
 		logsBefore := b.logs(t)

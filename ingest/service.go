@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"time"
@@ -622,6 +623,11 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 			CreatedAt:     st.now,
 			Kind:          overage.KindUsage,
 		}
+		// A total spread over slot rows can pass 2^63-1 here before any
+		// one row's upsert would: refuse, as PostgreSQL does (422).
+		if tot.InputTokens > math.MaxInt64-ev.InputTokens || tot.OutputTokens > math.MaxInt64-ev.OutputTokens {
+			return nil, errTotalOverflow
+		}
 		tot.InputTokens += ev.InputTokens
 		tot.OutputTokens += ev.OutputTokens
 		if l.Overage.Billable() {
@@ -727,6 +733,13 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 	tx.commitQueued()
 	return nil
 }
+
+// errTotalOverflow answers events that would take their period's total
+// past what a bigint holds: nothing is recorded.
+var errTotalOverflow = overage.Invalid([]overage.FieldError{
+	{Field: "input_tokens", Detail: "would take its billing period's total past 9223372036854775807 tokens"},
+	{Field: "output_tokens", Detail: "would take its billing period's total past 9223372036854775807 tokens"},
+}, "the tokens would overflow their billing period's total; nothing was recorded")
 
 // errAllowanceGivenBack: a correction gave allowance back to a period this
 // transaction charged without ordering (see queueUsedUpGuard). It rolled
