@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -115,59 +114,14 @@ func TestPartitionDropsUnderIngestLoseNothing(t *testing.T) {
 		ev := &ingest.Event{UserID: "u", ModelID: "m", InputTokens: 1, OutputTokens: 1, Timestamp: time.Now().UTC().Truncate(time.Microsecond)}
 		return b.svc.Record(ctx, ingest.RecordParams{TenantID: b.alice.ID, Key: key, Fingerprint: []byte(key), Event: ev})
 	}
-	var (
-		mu       sync.Mutex
-		keys     []string
-		failures []string
-		wg       sync.WaitGroup
-		stop     = make(chan struct{})
-	)
-	for c := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := fmt.Sprintf("k-%d-%d", c, i)
-				t0 := time.Now()
-				out, err := record(key)
-				mu.Lock()
-				switch {
-				case err != nil || out.Kind != ingest.OutcomeNew:
-					failures = append(failures, fmt.Sprintf("%s: %v", key, err))
-				case time.Since(t0) > 5*time.Second:
-					failures = append(failures, fmt.Sprintf("%s took %v", key, time.Since(t0)))
-				default:
-					keys = append(keys, key)
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	waitFor(t, "ingest under way", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(failures) > 0 {
-			t.Fatalf("before any drop: %s", failures[0])
-		}
-		return len(keys) >= 30
-	})
+	load := startEventLoad(4, "k", 5*time.Second, record)
+	waitFor(t, "ingest under way", func() bool { return load.recorded(t) >= 30 })
 	err := idempotency.Maintain(ctx, b.pool, slog.New(slog.DiscardHandler))
-	mu.Lock()
-	at := len(keys)
-	mu.Unlock()
-	waitFor(t, "ingest after the drops", func() bool { mu.Lock(); defer mu.Unlock(); return len(keys) >= at+30 })
-	close(stop)
-	wg.Wait()
+	at := load.recorded(t)
+	waitFor(t, "ingest after the drops", func() bool { return load.recorded(t) >= at+30 })
+	keys := load.finish(t)
 	if err != nil {
 		t.Fatalf("maintain under ingest: %v", err)
-	}
-	if len(failures) > 0 {
-		t.Fatalf("%d requests failed while partitions were dropped, first: %s", len(failures), failures[0])
 	}
 	if n := b.count(t, `SELECT count(*) FROM pg_class WHERE relname = ANY($1)`, old); n != 0 {
 		t.Fatalf("%d of the expired partitions %v are still there", n, old)

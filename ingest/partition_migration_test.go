@@ -3,15 +3,10 @@ package ingest_test
 import (
 	"context"
 	"fmt"
-	"net/url"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -30,7 +25,7 @@ import (
 func TestPartitioningMigrationUnderIngest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := unmigratedDatabase(t)
+	pool := pgtest.NewEmptyPool(t)
 	if _, err := migrations.MigrateUpTo(ctx, pool, nil, 24); err != nil {
 		t.Fatal(err)
 	}
@@ -54,51 +49,17 @@ func TestPartitioningMigrationUnderIngest(t *testing.T) {
 		return svc.Record(ctx, ingest.RecordParams{TenantID: tenant, Key: key, Fingerprint: []byte(key), Event: ev})
 	}
 
-	var (
-		mu       sync.Mutex
-		keys     []string
-		failures []error
-		done     atomic.Int64
-		stop     = make(chan struct{})
-		wg       sync.WaitGroup
-	)
-	for c := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				key := fmt.Sprintf("live-%d-%d", c, i)
-				out, err := record(key)
-				mu.Lock()
-				if err != nil || out.Kind != ingest.OutcomeNew {
-					failures = append(failures, fmt.Errorf("%s: %v (%+v)", key, err, out))
-				} else {
-					keys = append(keys, key)
-				}
-				mu.Unlock()
-				done.Add(1)
-			}
-		}()
-	}
-	waitFor(t, "ingest before the migration", func() bool { return done.Load() >= 300 })
-	before := done.Load()
+	load := startEventLoad(8, "live", 30*time.Second, record)
+	waitFor(t, "ingest before the migration", func() bool { return load.recorded(t) >= 300 })
+	before := load.recorded(t)
 	res, err := migrations.Migrate(ctx, pool, nil)
 	if err != nil {
 		t.Fatalf("migrate under ingest: %v", err)
 	}
-	during := done.Load() - before
-	waitFor(t, "ingest after the migration", func() bool { return done.Load() >= before+during+300 })
-	close(stop)
-	wg.Wait()
+	during := load.recorded(t) - before
+	waitFor(t, "ingest after the migration", func() bool { return load.recorded(t) >= before+during+300 })
+	keys := load.finish(t)
 
-	if len(failures) > 0 {
-		t.Fatalf("%d of %d requests failed across the migration, first: %v", len(failures), done.Load(), failures[0])
-	}
 	if len(res.Applied) != 3 || len(res.Partitions) == 0 {
 		t.Fatalf("migrate applied %d files and created partitions %v; want 0025-0027 and the week's days", len(res.Applied), res.Partitions)
 	}
@@ -127,39 +88,4 @@ func TestPartitioningMigrationUnderIngest(t *testing.T) {
 			t.Fatalf("key %s after the migration: %+v, %v; want its stored answer replayed", key, out, err)
 		}
 	}
-}
-
-// unmigratedDatabase is a new, empty database for t (not the migrated
-// template), dropped when t ends.
-func unmigratedDatabase(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ctx := context.Background()
-	server := pgtest.ServerURL(t)
-	admin, err := pgx.Connect(ctx, server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	name := "ovgtest_unmigrated_" + uuid.NewString()[:8]
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), server)
-		if err == nil {
-			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			c.Close(context.Background())
-		}
-	})
-	u, err := url.Parse(server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }

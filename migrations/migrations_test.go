@@ -3,70 +3,19 @@ package migrations_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/migrations"
 )
 
-// emptyDatabase creates a database with no tables at all (not cloned from
-// the migrated template), dropped when t ends.
-func emptyDatabase(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ctx := context.Background()
-	server := pgtest.ServerURL(t)
-	admin, err := pgx.Connect(ctx, server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	name := fmt.Sprintf("ovgtest_empty_%d", pgtestCounter())
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), server)
-		if err == nil {
-			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-			c.Close(context.Background())
-		}
-	})
-	u, _ := url.Parse(server)
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
-
-var (
-	counterMu sync.Mutex
-	counter   int
-)
-
-func pgtestCounter() int {
-	counterMu.Lock()
-	defer counterMu.Unlock()
-	counter++
-	return counter
-}
-
 func TestMigrateConcurrentlyThenAgain(t *testing.T) {
 	t.Parallel()
-	pool := emptyDatabase(t)
+	pool := pgtest.NewEmptyPool(t)
 	ctx := context.Background()
 	all, err := migrations.All()
 	if err != nil {

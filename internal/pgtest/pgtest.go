@@ -126,6 +126,37 @@ func NewDatabase(t testing.TB) string {
 	return withDatabase(server, name)
 }
 
+// NewEmptyPool returns a pool on a new database with no tables at all (not
+// cloned from the migrated template), dropped when t ends: for tests of
+// the migrations themselves.
+func NewEmptyPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	server := ServerURL(t)
+	admin, err := pgx.Connect(ctx, server)
+	if err != nil {
+		t.Fatalf("connect to %s: %v; %s", redact(server), err, howToProvide)
+	}
+	defer admin.Close(ctx)
+	name := "ovgtest_empty_" + randomHex(8)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("create empty test database: %v", err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), server)
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			c.Close(context.Background())
+		}
+	})
+	pool, err := pgxpool.New(ctx, withDatabase(server, name))
+	if err != nil {
+		t.Fatalf("open pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // NewPool returns a pool on a new migrated database, closed when t ends,
 // and the database's URL.
 func NewPool(t testing.TB) (*pgxpool.Pool, string) {
