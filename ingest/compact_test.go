@@ -54,3 +54,38 @@ func TestCompactRecordReplaysTheFirstAnswerByteForByte(t *testing.T) {
 		}
 	}
 }
+
+// A batch that recorded only new logs is stored as their ids and replayed
+// byte for byte after they were billed; one that answered a duplicate
+// (an earlier log, as it was then) is stored whole.
+func TestCompactBatchRecordReplaysTheFirstAnswerByteForByte(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	fresh := batch(batchEvent("b-1", 5, 5), `{"request_id":"b-2","user_id":"ü","model_id":"m","input_tokens":900,"output_tokens":0,"cache_read_input_tokens":800}`, batchEvent("b-3", 0, 7))
+	first := b.postBatch(t, b.capped.APIKey, "batch-new", fresh)
+	requireStatus(t, first, http.StatusAccepted)
+	withDup := batch(batchEvent("b-1", 5, 5), batchEvent("b-4", 1, 1))
+	dup := b.postBatch(t, b.capped.APIKey, "batch-dup", withDup)
+	requireStatus(t, dup, http.StatusAccepted)
+	if n := b.count(t, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'batch-new' AND get_byte(response_body, 0) = 0 AND length(response_body) = 1 + 16 * 3`); n != 1 {
+		t.Fatal("an all-new batch's record does not hold just its three log ids")
+	}
+	if n := b.count(t, `SELECT count(*) FROM idempotency_keys WHERE idempotency_key = 'batch-dup' AND get_byte(response_body, 0) = ascii('{')`); n != 1 {
+		t.Fatal("a batch with a duplicate is not stored whole")
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'billed', billed_at = now(), first_attempt_at = now(),
+		input_accepted_at = now(), output_accepted_at = now(), input_report_lead = id, output_report_lead = id
+		WHERE billing_status = 'pending'`); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		key, body string
+		first     response
+	}{{"batch-new", fresh, first}, {"batch-dup", withDup, dup}} {
+		again := b.postBatch(t, b.capped.APIKey, c.key, c.body)
+		if again.header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(again.body, c.first.body) {
+			t.Fatalf("replay of %s differs from the first answer:\nfirst  %s\nreplay %s", c.key, c.first.body, again.body)
+		}
+	}
+}

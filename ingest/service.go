@@ -109,6 +109,9 @@ type Outcome struct {
 	Kind string
 	// UsageLogID is the usage log the answer is about.
 	UsageLogID uuid.UUID
+	// stored, when not nil, is what is stored under the key instead of
+	// Body: the answer's compact form (see storedResponse.compact).
+	stored []byte
 }
 
 // Outcome kinds.
@@ -138,7 +141,7 @@ type BatchParams struct {
 // Record executes a usage event under its idempotency key; see the package
 // documentation for the protocol.
 func (s *Service) Record(ctx context.Context, p RecordParams) (*Outcome, error) {
-	m := &groupMember{key: p.Key, fingerprint: p.Fingerprint, events: []*Event{p.Event}, render: renderSingle, compact: true}
+	m := &groupMember{key: p.Key, fingerprint: p.Fingerprint, events: []*Event{p.Event}, render: renderSingle}
 	if s.coalesce != nil {
 		return s.coalesce.record(ctx, p.TenantID, m)
 	}
@@ -161,9 +164,6 @@ type groupMember struct {
 	events      []*Event
 	render      renderer
 	first       int // index of its first event in its group's events
-	// compact: a new log's answer is stored as its log id alone and
-	// rendered again on replay (renderAsRecorded), a single event's.
-	compact bool
 }
 
 // group is what one ingest transaction executes: one request (a batch, a
@@ -717,8 +717,8 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 	for i, mi := range active {
 		m, out := g.members[mi], answers[mi].out
 		keys[i], fps[i], statuses[i], bodies[i], logIDs[i] = pgString(m.key), m.fingerprint, int32(out.Status), out.Body, nullID(out.UsageLogID)
-		if m.compact && out.Kind == OutcomeNew {
-			bodies[i] = []byte{}
+		if out.stored != nil {
+			bodies[i] = out.stored
 		}
 	}
 	b.Queue(insertKeysSQL, pgUUID(g.tenantID), keys, fps, statuses, bodies, logIDs, KeyTTL.Seconds())
@@ -822,7 +822,7 @@ func renderSingle(results []result) (*Outcome, error) {
 	if r.duplicate {
 		return &Outcome{Status: http.StatusOK, Body: body, Kind: OutcomeDuplicate, UsageLogID: r.log.ID}, nil
 	}
-	return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: r.log.ID}, nil
+	return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: r.log.ID, stored: []byte{}}, nil
 }
 
 // batchEvent is one element of a batch answer.
@@ -857,7 +857,15 @@ func renderBatch(results []result) (*Outcome, error) {
 			return nil, fmt.Errorf("render batch: %w", err)
 		}
 	}
-	return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew}, nil
+	out := &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew}
+	if resp.Duplicates == 0 {
+		out.stored = make([]byte, 1, 1+16*len(results))
+		out.stored[0] = batchIDsMark
+		for _, r := range results {
+			out.stored = append(out.stored, r.log.ID[:]...)
+		}
+	}
+	return out, nil
 }
 
 // lockKey maps (tenant, key) to the 64-bit advisory lock id. A collision
@@ -899,12 +907,32 @@ type expiredKey struct {
 	expiresAt time.Time
 }
 
-// compact reports whether the record holds only its new log's id: the
-// answer of a single event that recorded a log, rendered again on replay.
-// An answer is about 600 bytes of JSON, most of a record; the log holds
-// everything it said.
-func (r storedResponse) compact() bool {
-	return len(r.body) == 0 && r.usageLogID != nil && r.status == http.StatusAccepted
+// An answer is mostly its logs' JSON (about 600 bytes a log), and the logs
+// hold everything it said. So the answer of a request that recorded only
+// new logs is stored as their ids and rendered again on replay, as the
+// logs were when recorded (asRecorded), byte for byte. An answer that
+// shows an earlier log (a duplicate request_id) shows it as it was then,
+// and is stored whole.
+//
+// The compact forms: a single event's, an empty body with the log in
+// usage_log_id; a batch's, a NUL byte (no JSON starts with one) and the
+// 16-byte ids of its logs in request order.
+const batchIDsMark = 0x00
+
+// compactLogs returns the log ids of a compact record, in answer order,
+// and whether it is one; ok with no ids is a malformed record.
+func (r storedResponse) compactLogs() (ids []uuid.UUID, batch, ok bool) {
+	switch {
+	case len(r.body) == 0 && r.usageLogID != nil && r.status == http.StatusAccepted:
+		return []uuid.UUID{*r.usageLogID}, false, true
+	case len(r.body) > 0 && r.body[0] == batchIDsMark && (len(r.body)-1)%16 == 0:
+		ids = make([]uuid.UUID, (len(r.body)-1)/16)
+		for i := range ids {
+			copy(ids[i][:], r.body[1+16*i:])
+		}
+		return ids, true, true
+	}
+	return nil, false, false
 }
 
 // replay answers a request under the record's key: its stored answer,
@@ -915,16 +943,24 @@ func (r storedResponse) replay(fp []byte, recorded map[uuid.UUID]*overage.UsageL
 		return nil, overage.Errorf(overage.ECONFLICT, "idempotency-key-reused",
 			"this Idempotency-Key was already used with a different request body; use a new key for a new event")
 	}
-	if r.compact() {
-		l, ok := recorded[*r.usageLogID]
-		if !ok {
-			return nil, fmt.Errorf("replay: usage log %s of a stored answer is missing", *r.usageLogID)
+	if ids, batch, ok := r.compactLogs(); ok {
+		results := make([]result, len(ids))
+		for i, id := range ids {
+			l, found := recorded[id]
+			if !found {
+				return nil, fmt.Errorf("replay: usage log %s of a stored answer is missing", id)
+			}
+			results[i] = result{log: asRecorded(l)}
 		}
-		out, err := renderAsRecorded(l)
+		render := renderSingle
+		if batch {
+			render = renderBatch
+		}
+		out, err := render(results)
 		if err != nil {
 			return nil, err
 		}
-		out.Kind = OutcomeReplay
+		out.Kind, out.stored = OutcomeReplay, nil
 		return out, nil
 	}
 	out := &Outcome{Status: r.status, Body: r.body, Kind: OutcomeReplay}
@@ -1034,10 +1070,9 @@ func dbError(err error) error {
 	return dberr.Classify(err, "the usage database is unreachable; nothing was recorded, retry with the same Idempotency-Key")
 }
 
-// renderAsRecorded is the answer a single event got when it recorded l:
-// the log as it was then, before any report touched it (its initial
-// status, nothing sent or billed yet).
-func renderAsRecorded(l *overage.UsageLog) (*Outcome, error) {
+// asRecorded is l as it was when recorded, before any report touched it:
+// its initial status, nothing sent or billed yet.
+func asRecorded(l *overage.UsageLog) *overage.UsageLog {
 	then := *l
 	then.BillingStatus = overage.BillingStatusNotBillable
 	if then.Overage.Billable() {
@@ -1046,7 +1081,7 @@ func renderAsRecorded(l *overage.UsageLog) (*Outcome, error) {
 	then.BilledAt, then.FirstAttemptAt, then.BillingMessage = nil, nil, nil
 	then.StripeEvents = meterEvents(then.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
 	then.CorrectedTotals, then.Corrections = nil, nil
-	return renderSingle([]result{{log: &then}})
+	return &then
 }
 
 // readRecordedLogs reads the logs of the live compact records among recs,
@@ -1054,8 +1089,10 @@ func renderAsRecorded(l *overage.UsageLog) (*Outcome, error) {
 func readRecordedLogs(ctx context.Context, q overage.DB, recs map[string]storedResponse) (map[uuid.UUID]*overage.UsageLog, error) {
 	var ids pgArray[pgtype.UUID]
 	for _, r := range recs {
-		if r.compact() && !r.expired {
-			ids = append(ids, pgUUID(*r.usageLogID))
+		if logs, _, ok := r.compactLogs(); ok && !r.expired {
+			for _, id := range logs {
+				ids = append(ids, pgUUID(id))
+			}
 		}
 	}
 	if len(ids) == 0 {
