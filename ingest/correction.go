@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/httpx"
 )
 
@@ -207,7 +208,7 @@ func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp
 		return nil, fmt.Errorf("take idempotency lock: %w", err)
 	}
 	var rec storedResponse
-	err := tx.QueryRow(ctx, keysSQL, tenantID, []string{key}).
+	err := tx.QueryRow(ctx, idempotency.LookupSQL, tenantID, []string{key}).
 		Scan(nil, &rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expiresAt, &rec.expired)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -233,11 +234,11 @@ func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp
 // store writes the answer under the key, replacing an expired record.
 func (k *keyClaim) store(ctx context.Context, tx pgx.Tx, out *Outcome) error {
 	if k.expired != nil {
-		if _, err := tx.Exec(ctx, deleteExpiredKeySQL, k.tenantID, k.key, k.expired.expiresAt); err != nil {
+		if _, err := tx.Exec(ctx, idempotency.DeleteExpiredSQL, k.tenantID, k.key, k.expired.expiresAt); err != nil {
 			return fmt.Errorf("delete expired idempotency record: %w", err)
 		}
 	}
-	if _, err := tx.Exec(ctx, insertKeysSQL, k.tenantID, []string{k.key}, [][]byte{k.fingerprint}, []int32{int32(out.Status)},
+	if _, err := tx.Exec(ctx, idempotency.InsertSQL, k.tenantID, []string{k.key}, [][]byte{k.fingerprint}, []int32{int32(out.Status)},
 		[][]byte{out.Body}, []pgtype.UUID{nullID(out.UsageLogID)}, KeyTTL.Seconds()); err != nil {
 		return fmt.Errorf("store answer: %w", err)
 	}

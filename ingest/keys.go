@@ -1,21 +1,12 @@
 package ingest
 
-import (
-	"strconv"
-
-	"github.com/overage-billing/overage/idempotency"
-)
+import "strconv"
 
 // The SQL every ingest transaction runs under and reads and writes its
 // stored answers with, shared by the pipelined path (single events,
 // groups, batches) and the claimed-key path (corrections, checkpoints).
 // The stored answers' SQL is the idempotency package's, which owns the
 // table.
-var (
-	keysSQL             = idempotency.LookupSQL
-	deleteExpiredKeySQL = idempotency.DeleteExpiredSQL
-	insertKeysSQL       = idempotency.InsertSQL
-)
 
 // txSettingsSQL bounds the transaction (as SET LOCAL would: the key stays
 // in progress exactly as long as it) and keeps its plans on the indexes.

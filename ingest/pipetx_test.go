@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
@@ -43,5 +42,4 @@ func TestRiverInsertTxRunsInAPipeTxWithoutANestedTransaction(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE kind = $1`, outbox.ReportArgs{}.Kind()).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("%d report jobs after the commit (%v), want 1", n, err)
 	}
-	var _ pgx.Tx = tx
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/pgtest"
 )
 
@@ -32,9 +33,9 @@ func TestLookupsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 		settings        bool // run under txSettingsSQL, as ingest does
 		wantBounded     bool
 	}{
-		{"keys", keysSQL, `(%s, '{k1,k2,missing}')`, true, true},
+		{"keys", idempotency.LookupSQL, `(%s, '{k1,k2,missing}')`, true, true},
 		{"logs by request_id", logsByRequestIDSQL, `(%s, '{r1,r2,missing}')`, true, true},
-		{"delete expired key", deleteExpiredKeySQL, `(%s, 'k3', now())`, true, true},
+		{"delete expired key", idempotency.DeleteExpiredSQL, `(%s, 'k3', now())`, true, true},
 		{"the lookup before (control)", oldLookup, `(%s, '{k1,k2,missing}')`, false, false},
 	}
 	for _, stats := range []struct {

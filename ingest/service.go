@@ -421,7 +421,7 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 		planMode = "force_generic_plan"
 	}
 	b.Queue(beginSQL, slot, locks, planMode)
-	b.Queue(keysSQL, pgUUID(g.tenantID), keys)
+	b.Queue(idempotency.LookupSQL, pgUUID(g.tenantID), keys)
 	if len(rids) > 0 {
 		b.Queue(logsByRequestIDSQL, pgUUID(g.tenantID), rids)
 	}
@@ -658,7 +658,7 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, active []int, answers []answer) error {
 	b := &pgx.Batch{}
 	for _, e := range st.expired {
-		b.Queue(deleteExpiredKeySQL, pgUUID(g.tenantID), e.key, e.expiresAt)
+		b.Queue(idempotency.DeleteExpiredSQL, pgUUID(g.tenantID), e.key, e.expiresAt)
 	}
 	if len(w.logs) > 0 {
 		queueUsedUpGuard(b, g.tenantID, st, w.deltaOrder)
@@ -721,7 +721,7 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 			bodies[i] = out.stored
 		}
 	}
-	b.Queue(insertKeysSQL, pgUUID(g.tenantID), keys, fps, statuses, bodies, logIDs, KeyTTL.Seconds())
+	b.Queue(idempotency.InsertSQL, pgUUID(g.tenantID), keys, fps, statuses, bodies, logIDs, KeyTTL.Seconds())
 	b.Queue(`COMMIT`)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		var pgErr *pgconn.PgError
@@ -977,7 +977,7 @@ type logResponse struct {
 }
 
 // logsByRequestIDSQL reads the tenant's logs recorded under the
-// request_ids in $2: one index probe a request_id, as keysSQL.
+// request_ids in $2: one index probe a request_id, as idempotency.LookupSQL.
 var logsByRequestIDSQL = `SELECT ` + logColumns + `
 	FROM unnest($2::text[]) AS r (rid)
 	CROSS JOIN LATERAL (
