@@ -49,6 +49,16 @@ type Tenant struct {
 	CreatedAt            time.Time `json:"created_at"`
 }
 
+// Principal is who a tenant API key speaks for, as one lookup of the key
+// reads it: the tenant, the key (recorded on what the key changes, such as
+// a correction's corrected_by) and whether the tenant is suspended (its
+// Stripe customer was deleted, so nothing it sends could be billed).
+type Principal struct {
+	TenantID  uuid.UUID
+	KeyID     uuid.UUID
+	Suspended bool
+}
+
 // UsageLog is one recorded LLM call and what of it is billable overage.
 type UsageLog struct {
 	ID           uuid.UUID `json:"id"`
@@ -73,6 +83,9 @@ type UsageLog struct {
 	Kind     string     `json:"kind"`
 	Corrects *uuid.UUID `json:"corrects,omitempty"`
 	Reason   *string    `json:"reason,omitempty"`
+	// CorrectedBy is who made a correction: the id of the tenant's API
+	// key, or "admin" (ADMIN_TOKEN, the CLI). Shown on corrections only.
+	CorrectedBy *string `json:"corrected_by,omitempty"`
 	// CorrectedTotals and Corrections are shown on a read of a usage log
 	// (not a correction): its tokens plus its corrections', and those.
 	CorrectedTotals *Overage   `json:"corrected_totals,omitempty"`

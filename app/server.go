@@ -262,6 +262,7 @@ func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx
 func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
 	svc := ingest.NewService(pool, NewInserter(rc, cfg))
 	svc.SetCoalescing(cfg.IngestCoalesce)
+	svc.SetPeriodCloseGrace(cfg.PeriodCloseGrace)
 	return svc
 }
 

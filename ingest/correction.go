@@ -50,10 +50,31 @@ const (
 // 35-day limit while the correction waits in a report.
 const stripeTimestampMargin = 24 * time.Hour
 
+// CorrectedByAdmin is corrected_by for a correction made with ADMIN_TOKEN
+// or by `overage correct`.
+const CorrectedByAdmin = "admin"
+
+// DefaultPeriodCloseGrace is PERIOD_CLOSE_GRACE's default: how long after
+// a billing period ends Stripe still takes usage for it, and a tenant's key
+// may still correct it.
+const DefaultPeriodCloseGrace = time.Hour
+
+// SetPeriodCloseGrace sets PERIOD_CLOSE_GRACE (d > 0): a period that ended
+// longer ago than d is closed, and only an administrator corrects its logs.
+func (s *Service) SetPeriodCloseGrace(d time.Duration) {
+	if d > 0 {
+		s.periodCloseGrace = d
+	}
+}
+
 // CorrectParams are the inputs of Correct, validated by the caller.
 type CorrectParams struct {
-	// TenantID is the caller's tenant; nil for an administrator.
-	TenantID     *uuid.UUID
+	// TenantID is the caller's tenant; nil for an administrator, who alone
+	// may correct a log of a closed period.
+	TenantID *uuid.UUID
+	// KeyID is the API key of the caller's tenant that asks, recorded as
+	// corrected_by; ignored for an administrator (corrected_by "admin").
+	KeyID        uuid.UUID
 	UsageLogID   uuid.UUID
 	Key          string
 	Fingerprint  []byte
@@ -122,7 +143,11 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 		return nil, overage.Invalid([]overage.FieldError{{Field: fieldInputTokens, Detail: "equals the current totals: nothing to correct"}},
 			"usage log %s already totals %d input and %d output tokens: nothing to correct", orig.ID, cur.InputTokens, cur.OutputTokens)
 	}
-	c, basis, err := correctionOf(ctx, tx, orig, delta, p.Reason)
+	by := CorrectedByAdmin
+	if p.TenantID != nil {
+		by = p.KeyID.String()
+	}
+	c, basis, err := correctionOf(ctx, tx, orig, delta, p.Reason, by, p.TenantID == nil, s.closeGrace())
 	if err != nil {
 		return nil, err
 	}
@@ -148,12 +173,31 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 
 // correctionOf is the correction of orig by delta tokens, to be computed,
 // and where its Stripe timestamp comes from: the original's while the
-// original's allowance period is still open, else now.
-func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta overage.Overage, reason string) (*deltaLog, string, error) {
+// original's allowance period is still open, else now. by is recorded as
+// corrected_by. Unless mayCloseOld (an administrator), a log of a closed
+// period — one that ended longer than grace ago — is refused: its invoice
+// may be final, and refunding invoiced usage is an operator's decision
+// (403 period-closed).
+func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta overage.Overage, reason, by string,
+	mayCloseOld bool, grace time.Duration) (*deltaLog, string, error) {
 	var period, nowPeriod, now time.Time
-	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`, now()
-		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID).Scan(&period, &nowPeriod, &now); err != nil {
+	var closed bool
+	// Closed: the period holding now() - grace began after the log's (so
+	// the log's ended more than grace ago), or the subscription period the
+	// log is in is known to have ended more than grace ago (a cancelled
+	// subscription's last period, which no later one follows).
+	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`,
+			`+periodOfSQL("(now() - make_interval(secs => $3))")+` > u.period_start
+			OR EXISTS (SELECT 1 FROM tenant_subscriptions s WHERE s.tenant_id = $1 AND s.current_period_start = u.period_start
+				AND s.current_period_end < now() - make_interval(secs => $3)),
+			now()
+		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID, grace.Seconds()).Scan(&period, &nowPeriod, &closed, &now); err != nil {
 		return nil, "", fmt.Errorf("read the period of %s: %w", orig.ID, err)
+	}
+	if closed && !mayCloseOld {
+		return nil, "", overage.Errorf(overage.EFORBIDDEN, "period-closed",
+			"usage log %s is in the billing period that began %s, closed (it ended more than PERIOD_CLOSE_GRACE, %s, ago): only an administrator (ADMIN_TOKEN) may correct it",
+			orig.ID, period.UTC().Format(time.RFC3339), grace)
 	}
 	now = now.UTC().Truncate(time.Microsecond)
 	id, err := uuid.NewV7()
@@ -163,13 +207,21 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 	l := &overage.UsageLog{
 		ID: id, TenantID: orig.TenantID, Timestamp: orig.Timestamp, UserID: orig.UserID, ModelID: orig.ModelID,
 		InputTokens: delta.InputTokens, OutputTokens: delta.OutputTokens,
-		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason,
+		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason, CorrectedBy: &by,
 	}
 	basis := TimestampOriginal
 	if !nowPeriod.UTC().Equal(period.UTC()) || orig.Timestamp.Before(now.Add(-maxEventAge+stripeTimestampMargin)) {
 		basis, l.Timestamp = TimestampCorrection, now
 	}
 	return &deltaLog{log: l, period: period.UTC()}, basis, nil
+}
+
+// closeGrace is PERIOD_CLOSE_GRACE, its default unless set.
+func (s *Service) closeGrace() time.Duration {
+	if s.periodCloseGrace > 0 {
+		return s.periodCloseGrace
+	}
+	return DefaultPeriodCloseGrace
 }
 
 // periodOfSQL is the SQL of the allowance period start of the tenant $1 at
@@ -318,10 +370,11 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				corrects, correction_reason, stream_request_id)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16)`,
+				corrects, correction_reason, stream_request_id, corrected_by)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17)`,
 			l.ID, tenantID, l.RequestID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, d.period,
-			l.Overage.InputTokens, l.Overage.OutputTokens, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID); err != nil {
+			l.Overage.InputTokens, l.Overage.OutputTokens, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID,
+			l.CorrectedBy); err != nil {
 			return fmt.Errorf("write usage log: %w", err)
 		}
 	}
@@ -411,12 +464,13 @@ func (h *Handler) createCorrection(w http.ResponseWriter, r *http.Request) {
 // tenant's key or ADMIN_TOKEN), validate, fingerprint, then the key.
 func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 	var tenantID *uuid.UUID
+	var keyID uuid.UUID
 	if !httpx.IsAdmin(r, h.adminToken) {
-		id, err := h.tenant(r)
+		p, err := h.writer(r)
 		if err != nil {
 			return nil, err
 		}
-		tenantID = &id
+		tenantID, keyID = &p.TenantID, p.KeyID
 	}
 	key, body, err := readKeyAndBody(r, maxBodyBytes)
 	if err != nil {
@@ -441,7 +495,7 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 		}
 		defer release()
 	}
-	return h.svc.Correct(r.Context(), CorrectParams{TenantID: tenantID, UsageLogID: logID, Key: key, Fingerprint: fp,
+	return h.svc.Correct(r.Context(), CorrectParams{TenantID: tenantID, KeyID: keyID, UsageLogID: logID, Key: key, Fingerprint: fp,
 		InputTokens: in, OutputTokens: out, Reason: reason})
 }
 

@@ -85,10 +85,11 @@ func (h *Handler) createLiteLLM(w http.ResponseWriter, r *http.Request) {
 // recordLiteLLM runs ingest's checks in order — authenticate, validate,
 // fingerprint, then the key — on the events derived from the payloads.
 func (h *Handler) recordLiteLLM(r *http.Request) (*Outcome, error) {
-	tenantID, err := h.tenant(r)
+	caller, err := h.writer(r)
 	if err != nil {
 		return nil, err
 	}
+	tenantID := caller.TenantID
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
 			return nil, malformed("Content-Type", "must be application/json")

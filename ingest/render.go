@@ -158,6 +158,10 @@ func appendUsageLogFields(b []byte, l *overage.UsageLog) ([]byte, bool) {
 		b = append(b, `,"reason":`...)
 		b = appendJSONString(b, *l.Reason)
 	}
+	if l.CorrectedBy != nil {
+		b = append(b, `,"corrected_by":`...)
+		b = appendJSONString(b, *l.CorrectedBy)
+	}
 	if l.CorrectedTotals != nil {
 		b = append(b, `,"corrected_totals":`...)
 		b = appendOverage(b, *l.CorrectedTotals)

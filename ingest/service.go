@@ -69,6 +69,8 @@ type Service struct {
 	// coalesce groups a tenant's concurrent single events into one
 	// transaction; nil records each in its own.
 	coalesce *coalescer
+	// periodCloseGrace is PERIOD_CLOSE_GRACE (see correction.go).
+	periodCloseGrace time.Duration
 
 	// beforeWrites, set only by tests, runs inside the ingest transaction
 	// after its reads and report jobs, before its writes and commit; an
@@ -123,7 +125,10 @@ const (
 
 // RecordParams are the inputs of Record, all validated by the caller.
 type RecordParams struct {
-	TenantID    uuid.UUID
+	TenantID uuid.UUID
+	// KeyID is the API key that sent the event: a stream's final
+	// checkpoint that lowers its totals records it as corrected_by.
+	KeyID       uuid.UUID
 	Key         string
 	Fingerprint []byte
 	Event       *Event
@@ -987,7 +992,7 @@ const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_toke
 	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
 	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
-	corrects, correction_reason`
+	corrects, correction_reason, corrected_by`
 
 func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	l := &overage.UsageLog{}
@@ -996,7 +1001,7 @@ func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	if err := row.Scan(&l.ID, &l.TenantID, &l.RequestID, &l.Timestamp, &l.UserID, &l.ModelID, &l.InputTokens, &l.OutputTokens,
 		&l.CacheRead, &l.CacheWrite, &l.Reasoning,
 		&l.Overage.InputTokens, &l.Overage.OutputTokens, &l.BillingStatus, &l.BilledAt, &l.CreatedAt,
-		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason); err != nil {
+		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason, &l.CorrectedBy); err != nil {
 		return nil, err
 	}
 	l.Kind = overage.KindUsage

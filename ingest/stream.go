@@ -223,7 +223,12 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 		if err != nil {
 			return nil, fmt.Errorf("lock the stream's first usage log: %w", err)
 		}
-		c, _, err := correctionOf(ctx, tx, orig, down, fmt.Sprintf("final checkpoint %d of stream %s lowered its totals", cp.Sequence, rid))
+		// The stream's own key lowers what it recorded while the stream
+		// is open (STREAM_IDLE_TIMEOUT): part of recording the call, not
+		// a refund after the fact, so no period-closed check.
+		by := p.KeyID.String()
+		c, _, err := correctionOf(ctx, tx, orig, down, fmt.Sprintf("final checkpoint %d of stream %s lowered its totals", cp.Sequence, rid),
+			by, true, s.closeGrace())
 		if err != nil {
 			return nil, err
 		}

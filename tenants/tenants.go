@@ -208,23 +208,28 @@ func (s *Store) RevokeKey(ctx context.Context, key string) error {
 	return nil
 }
 
-// Authenticate returns the tenant id that key belongs to, or an
-// EUNAUTHORIZED error for a missing, unknown or revoked key.
-func (s *Store) Authenticate(ctx context.Context, key string) (uuid.UUID, error) {
+// Authenticate returns who key speaks for — its tenant, the key's id and
+// whether the tenant is suspended — or an EUNAUTHORIZED error for a
+// missing, unknown or revoked key. One statement: the suspension is read
+// with the key, by the tenant's primary key, so checking it costs no
+// query of its own.
+func (s *Store) Authenticate(ctx context.Context, key string) (overage.Principal, error) {
 	if !WellFormedKey(key) {
 		// No key of ours looks like this: refused without a query, so a
 		// flood of made-up keys costs the database nothing.
-		return uuid.Nil, errUnauthorized
+		return overage.Principal{}, errUnauthorized
 	}
-	var id uuid.UUID
-	err := s.pool.QueryRow(ctx, `SELECT tenant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL`, hashKey(key)).Scan(&id)
+	var p overage.Principal
+	err := s.pool.QueryRow(ctx, `SELECT k.tenant_id, k.id, t.suspended_at IS NOT NULL
+		FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+		WHERE k.key_hash = $1 AND k.revoked_at IS NULL`, hashKey(key)).Scan(&p.TenantID, &p.KeyID, &p.Suspended)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return uuid.Nil, errUnauthorized
+		return overage.Principal{}, errUnauthorized
 	}
 	if err != nil {
-		return uuid.Nil, fmt.Errorf("authenticate: %w", err)
+		return overage.Principal{}, fmt.Errorf("authenticate: %w", err)
 	}
-	return id, nil
+	return p, nil
 }
 
 // keyLen is the length of every API key: the prefix and 32 random bytes
