@@ -342,27 +342,6 @@ func (s *Store) closeReport(ctx context.Context, r Report, state ReportState, st
 	return n, nil
 }
 
-// FailTenant fails every open report and every pending log of a suspended
-// tenant (its Stripe customer was deleted) with reason: no retry can bill a
-// customer Stripe no longer has. An operator may still resolve them.
-func (s *Store) FailTenant(ctx context.Context, tenantID uuid.UUID, reason string) (int64, error) {
-	var n int64
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `UPDATE usage_reports SET state = 'failed', lease_until = NULL, message = $2
-			WHERE tenant_id = $1 AND state = 'open'`, tenantID, reason); err != nil {
-			return err
-		}
-		tag, err := tx.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = $2, updated_at = now()
-			WHERE tenant_id = $1 AND billing_status = 'pending'`, tenantID, reason)
-		n = tag.RowsAffected()
-		return err
-	})
-	if err != nil {
-		return 0, fmt.Errorf("fail pending usage logs of tenant %s: %w", tenantID, err)
-	}
-	return n, nil
-}
-
 // ExpiredReports lists up to limit open reports, of any tenant, whose first
 // send is past the guard's cutoff and that no live worker holds: the
 // sweep parks them.
@@ -379,9 +358,11 @@ func (s *Store) ExpiredReports(ctx context.Context, g Guard, limit int) ([]Repor
 
 // TenantsPendingSince lists the tenants with a usage log pending for longer
 // than grace: their report jobs are to be queued again. One probe of the
-// (tenant_id, created_at) pending index per tenant.
+// (tenant_id, created_at) pending index per tenant. A suspended tenant is
+// left out: its logs wait for the suspension to be lifted, which queues
+// its job itself.
 func (s *Store) TenantsPendingSince(ctx context.Context, grace time.Duration) ([]uuid.UUID, error) {
-	rows, err := s.pool.Query(ctx, `SELECT t.id FROM tenants t WHERE EXISTS (
+	rows, err := s.pool.Query(ctx, `SELECT t.id FROM tenants t WHERE t.suspended_at IS NULL AND EXISTS (
 		SELECT 1 FROM usage_logs u WHERE u.tenant_id = t.id AND u.billing_status = 'pending'
 			AND u.created_at < now() - make_interval(secs => $1))`, grace.Seconds())
 	if err != nil {

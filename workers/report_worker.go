@@ -75,21 +75,18 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 		return err
 	}
 	var customer string
-	var suspended *string
-	if err := w.pool.QueryRow(ctx, `SELECT stripe_customer_id,
-			CASE WHEN suspended_at IS NOT NULL THEN coalesce(suspended_reason, 'tenant suspended') END
-		FROM tenants WHERE id = $1`, tenantID).Scan(&customer, &suspended); err != nil {
+	var suspended bool
+	if err := w.pool.QueryRow(ctx, `SELECT stripe_customer_id, suspended_at IS NOT NULL FROM tenants WHERE id = $1`, tenantID).
+		Scan(&customer, &suspended); err != nil {
 		return fmt.Errorf("read tenant %s: %w", tenantID, err)
 	}
-	if suspended != nil {
-		// No retry can bill a customer Stripe no longer has; nothing is sent.
-		n, err := w.store.FailTenant(ctx, tenantID, *suspended)
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			w.logger.WarnContext(ctx, "usage logs failed: tenant suspended", "tenant_id", tenantID, "usage_logs", n, "reason", *suspended)
-		}
+	if suspended {
+		// Stripe no longer has the customer: nothing is sent, and nothing
+		// is failed either. The logs stay pending (open reports stay open,
+		// their window still counted) until an operator gives the tenant
+		// a customer Stripe knows, which lifts the suspension and queues
+		// this job again. The job completes: retrying would only wait.
+		w.logger.InfoContext(ctx, "report skipped: tenant suspended, its usage logs wait", "tenant_id", tenantID)
 		return nil
 	}
 	handBack := time.Now().Add(w.jobTimeout / 2)
