@@ -140,6 +140,11 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 		return nil, fmt.Errorf("river ui: %w", err)
 	}
 	svc := NewIngest(pool, rc, cfg)
+	ts, err := NewTenants(pool, rc, cfg, logger)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	handler := api.NewRouter(api.Config{
 		DB:     pool,
 		Logger: logger,
@@ -149,7 +154,7 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 				Observer: metrics.NewIngest(reg), TenantMaxInflight: cfg.TenantMaxInflight,
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
-			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger}),
+			tenants.NewHandler(tenants.HandlerConfig{Store: ts, AdminToken: cfg.AdminToken, Logger: logger}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),

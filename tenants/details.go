@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/page"
@@ -180,21 +181,36 @@ func (p UpdateParams) Validate() error {
 
 // Update changes a tenant and returns its details. Ingest reads the
 // allowance when it records each event, so a new allowance applies to
-// usage recorded after the change; no recorded log is recomputed.
+// usage recorded after the change; no recorded log is recomputed. A new
+// Stripe customer for a suspended tenant lifts the suspension, once Stripe
+// confirms it knows the customer (see suspension.go).
 func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Details, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET
-		name = coalesce($2, name), stripe_customer_id = coalesce($3, stripe_customer_id),
-		included_input_tokens = coalesce($4, included_input_tokens),
-		included_output_tokens = coalesce($5, included_output_tokens)
-		WHERE id = $1`, id, p.Name, p.StripeCustomerID, p.IncludedInputTokens, p.IncludedOutputTokens)
+	lift, err := s.checkLift(ctx, id, p)
 	if err != nil {
-		return nil, fmt.Errorf("update tenant: %w", err)
+		return nil, err
 	}
-	if tag.RowsAffected() == 0 {
-		return nil, errTenantNotFound(id)
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE tenants SET
+			name = coalesce($2, name), stripe_customer_id = coalesce($3, stripe_customer_id),
+			included_input_tokens = coalesce($4, included_input_tokens),
+			included_output_tokens = coalesce($5, included_output_tokens)
+			WHERE id = $1`, id, p.Name, p.StripeCustomerID, p.IncludedInputTokens, p.IncludedOutputTokens)
+		if err != nil {
+			return fmt.Errorf("update tenant: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return errTenantNotFound(id)
+		}
+		if lift {
+			return s.liftTx(ctx, tx, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return s.Show(ctx, id)
 }

@@ -25,7 +25,12 @@ import (
 const keyPrefix = "ovg_"
 
 // Store reads and writes tenants and API keys.
-type Store struct{ pool *pgxpool.Pool }
+type Store struct {
+	pool *pgxpool.Pool
+	// customers and reports lift suspensions (WithStripe); nil here.
+	customers CustomerChecker
+	reports   ReportQueuer
+}
 
 // NewStore returns a Store on pool.
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }

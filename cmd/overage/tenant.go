@@ -33,6 +33,9 @@ A new API key is printed once, in the JSON of "create" and "key create", and
 stored only as its SHA-256. A tenant may hold several keys: create the new
 one, deploy it, then revoke the old one; a revoked key's next request is
 refused. An allowance change applies to usage recorded after it.
+"update --stripe-customer" lifts a suspended tenant's suspension (its Stripe
+customer was deleted) once Stripe, asked with STRIPE_SECRET_KEY, knows the
+new customer; the tenant's pending usage logs are then billed.
 `
 
 // cmdTenant manages tenants and their API keys; `/v1/tenants` does the
@@ -228,7 +231,9 @@ func writeTenant(w io.Writer, d *tenants.Details) error {
 }
 
 func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
-	fs := newFlags(e, "tenant update", tenantUpdateSynopsis+"\n\nAn allowance change applies to usage recorded after it; nothing already recorded is recomputed.")
+	fs := newFlags(e, "tenant update", tenantUpdateSynopsis+"\n\nAn allowance change applies to usage recorded after it; nothing already recorded is recomputed.\n"+
+		"For a suspended tenant (its Stripe customer was deleted), --stripe-customer lifts the suspension once Stripe\n"+
+		"(STRIPE_SECRET_KEY, STRIPE_API_BASE) confirms it knows the customer; its pending usage logs are then billed.")
 	name := fs.String("name", "", "new tenant name")
 	customer := fs.String("stripe-customer", "", "new Stripe customer id, cus_...")
 	in := fs.String("included-input-tokens", "", "new input tokens included per billing period")
@@ -237,7 +242,7 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
+	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL", "STRIPE_API_BASE", "REPORT_MAX_ATTEMPTS", "REPORT_BATCH_DELAY")
 	if err != nil {
 		return err
 	}
@@ -274,13 +279,27 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return withTenants(ctx, cfg, func(s *tenants.Store) error {
-		d, err := s.Update(ctx, ids[0], p)
-		if err != nil {
-			return fmt.Errorf("update tenant: %w", err)
-		}
-		return printJSON(e.stdout, d)
-	})
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// A new customer for a suspended tenant is checked with Stripe and
+	// lifts the suspension, queueing the tenant's report job: insert-only
+	// and silent, River's logs are no part of a command's answer.
+	rc, err := app.NewInsertClient(pool, nil)
+	if err != nil {
+		return err
+	}
+	s, err := app.NewTenants(pool, rc, cfg, nil)
+	if err != nil {
+		return err
+	}
+	d, err := s.Update(ctx, ids[0], p)
+	if err != nil {
+		return fmt.Errorf("update tenant: %w", err)
+	}
+	return printJSON(e.stdout, d)
 }
 
 func cmdTenantKey(ctx context.Context, e env, args []string) error {
