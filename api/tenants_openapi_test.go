@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
 // noRedirects sends requests as the cases write them and returns each
@@ -99,6 +100,17 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 		}
 	}
 
+	emu := emulator.New(emulator.Options{})
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emu.Close)
+	emu.AddCustomer("cus_globex_2")
+	withStripe := apitest.StartWith(t, f.srv.Pool, f.srv.DBURL, apitest.Options{StripeAPIBase: base})
+	// Nothing listens on port 1 of loopback: the connection is refused.
+	stripeDown := apitest.StartWith(t, f.srv.Pool, f.srv.DBURL, apitest.Options{StripeAPIBase: "http://127.0.0.1:1"})
+
 	cases := []apiCase{
 		{name: "201 create tenant", status: 201,
 			req: admin(http.MethodPost, "/v1/tenants", `{"name":"Globex","stripe_customer_id":"cus_globex","included_input_tokens":100}`),
@@ -174,6 +186,36 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 			check: func(t *testing.T, f *fixture, r *result) {
 				if m := r.json(t); m["included_input_tokens"] != 5000.0 || m["name"] != "Globex" {
 					t.Fatalf("updated: %s", r.body)
+				}
+			}},
+		// A suspended tenant is lifted by a customer Stripe knows, asked
+		// with GET /v1/customers/{id} on the servers that have Stripe.
+		{name: "422 lift with a customer Stripe does not know", status: 422, problem: "validation-failed", field: "stripe_customer_id",
+			before: func(t *testing.T, f *fixture) {
+				if _, err := f.db.Exec(t.Context(), `UPDATE tenants SET suspended_at = now(), suspended_reason = 'Stripe customer deleted; tenant suspended' WHERE id = $1`, id); err != nil {
+					t.Fatal(err)
+				}
+			},
+			req: func(f *fixture) call {
+				c := jsonCall(http.MethodPatch, "/v1/tenants/"+id, `{"stripe_customer_id":"cus_nobody"}`)
+				c.base = withStripe.URL
+				return c
+			}},
+		{name: "503 lift while Stripe does not answer", status: 503, problem: "stripe-unavailable", check: retryAfter,
+			req: func(f *fixture) call {
+				c := jsonCall(http.MethodPatch, "/v1/tenants/"+id, `{"stripe_customer_id":"cus_globex_2"}`)
+				c.base = stripeDown.URL
+				return c
+			}},
+		{name: "200 lift with a customer Stripe knows", status: 200,
+			req: func(f *fixture) call {
+				c := jsonCall(http.MethodPatch, "/v1/tenants/"+id, `{"stripe_customer_id":"cus_globex_2"}`)
+				c.base = withStripe.URL
+				return c
+			},
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); m["suspended_at"] != nil || m["suspended_reason"] != nil || m["stripe_customer_id"] != "cus_globex_2" {
+					t.Fatalf("after the lift: %s", r.body)
 				}
 			}},
 		{name: "400 update, unknown field", status: 400, problem: "malformed-request", field: "body", docRefuses: true,
