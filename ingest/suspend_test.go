@@ -20,7 +20,9 @@ func TestSuspendedTenantRecordsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := func() int { return b.count(t, `SELECT count(*) FROM usage_logs WHERE tenant_id = $1`, b.alice.ID) }
-	keys := func() int { return b.count(t, `SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1`, b.alice.ID) }
+	keys := func() int {
+		return b.count(t, `SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1`, b.alice.ID)
+	}
 	logsBefore, keysBefore := logs(), keys()
 	requests := []struct {
 		name, path, key, body string
