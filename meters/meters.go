@@ -185,6 +185,9 @@ func (s *Store) Archive(ctx context.Context, key string) (*overage.Meter, error)
 
 // List returns every meter, active and archived, by key.
 func (s *Store) List(ctx context.Context) ([]overage.Meter, error) {
+	if s.db == nil {
+		return nil, errors.New("list meters: the store has no pool")
+	}
 	_, ms, err := s.read(ctx, s.db)
 	return ms, err
 }
@@ -218,16 +221,17 @@ func (s *Store) read(ctx context.Context, db Querier) (int64, []overage.Meter, e
 	return version, ms, nil
 }
 
-// Catalog returns the catalog, read once and kept until a change this
-// store made, or Current, says it is stale.
-func (s *Store) Catalog(ctx context.Context) (*overage.Catalog, error) {
+// Catalog returns the catalog, read once (through q: a caller holding a
+// connection passes it, so a full pool never waits on itself) and kept
+// until a change this store made, or Current, says it is stale.
+func (s *Store) Catalog(ctx context.Context, q Querier) (*overage.Catalog, error) {
 	s.mu.Lock()
 	c := s.cat
 	s.mu.Unlock()
 	if c != nil {
 		return c, nil
 	}
-	return s.reload(ctx, s.db)
+	return s.reload(ctx, q)
 }
 
 // Current returns a catalog of version at least version (the
@@ -246,14 +250,14 @@ func (s *Store) Current(ctx context.Context, db Querier, version int64) (*overag
 
 // Knowing returns a catalog that holds every meter of keys, reloading the
 // one kept when it lacks one (a meter created by another process).
-func (s *Store) Knowing(ctx context.Context, keys []string) (*overage.Catalog, error) {
-	c, err := s.Catalog(ctx)
+func (s *Store) Knowing(ctx context.Context, q Querier, keys []string) (*overage.Catalog, error) {
+	c, err := s.Catalog(ctx, q)
 	if err != nil {
 		return nil, err
 	}
 	for _, k := range keys {
 		if _, ok := c.Meter(k); !ok {
-			return s.reload(ctx, s.db)
+			return s.reload(ctx, q)
 		}
 	}
 	return c, nil
