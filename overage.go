@@ -78,6 +78,9 @@ type UsageLog struct {
 	FirstAttemptAt *time.Time    `json:"first_attempt_at,omitempty"`
 	BillingMessage *string       `json:"billing_message,omitempty"`
 	StripeEvents   []StripeEvent `json:"stripe_meter_events,omitempty"`
+	// Meters is one line per meter the log feeds: the two default meters
+	// first, then any other (see Catalog.Route).
+	Meters []MeterLine `json:"meters,omitempty"`
 	// Kind is "usage", or "correction" for a log that corrects another
 	// (Corrects) by the token difference it holds.
 	Kind     string     `json:"kind"`

@@ -23,6 +23,7 @@ import (
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/metrics"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
@@ -266,6 +267,7 @@ func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx
 // in through rc with cfg's attempts and batch delay.
 func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
 	svc := ingest.NewService(pool, NewInserter(rc, cfg))
+	svc.UseMeters(meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent))
 	svc.SetCoalescing(cfg.IngestCoalesce)
 	svc.SetPeriodCloseGrace(cfg.PeriodCloseGrace)
 	return svc

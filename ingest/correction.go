@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -127,16 +128,21 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	if err != nil {
 		return nil, fmt.Errorf("lock usage log: %w", err)
 	}
+	if err := s.present(ctx, tx, orig); err != nil {
+		return nil, err
+	}
 	if orig.Corrects != nil {
 		return nil, overage.Invalid([]overage.FieldError{{Field: "id", Detail: "is a correction; correct the usage log it corrects"}},
 			"usage log %s is a correction of %s: correct that one", orig.ID, orig.Corrects)
 	}
-	var cur overage.Overage
-	if err := tx.QueryRow(ctx, `SELECT u.input_tokens + coalesce(sum(c.input_tokens), 0)::bigint,
-			u.output_tokens + coalesce(sum(c.output_tokens), 0)::bigint
-		FROM usage_logs u LEFT JOIN usage_logs c ON c.corrects = u.id
-		WHERE u.id = $1 GROUP BY u.id`, orig.ID).Scan(&cur.InputTokens, &cur.OutputTokens); err != nil {
-		return nil, fmt.Errorf("read corrections of %s: %w", orig.ID, err)
+	earlier, err := s.correctionsOf(ctx, tx, orig.ID)
+	if err != nil {
+		return nil, err
+	}
+	cur := overage.Overage{InputTokens: orig.InputTokens, OutputTokens: orig.OutputTokens}
+	for _, c := range earlier {
+		cur.InputTokens += c.InputTokens
+		cur.OutputTokens += c.OutputTokens
 	}
 	delta := overage.Overage{InputTokens: p.InputTokens - cur.InputTokens, OutputTokens: p.OutputTokens - cur.OutputTokens}
 	if delta.InputTokens == 0 && delta.OutputTokens == 0 {
@@ -151,7 +157,12 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	if err != nil {
 		return nil, err
 	}
-	if err := c.compute(ctx, tx); err != nil {
+	cat, err := s.meters.Knowing(ctx, tx, nil)
+	if err != nil {
+		return nil, err
+	}
+	c.lines = correctionLines(cat, orig, earlier, p.InputTokens, p.OutputTokens)
+	if err := c.compute(ctx, tx, cat); err != nil {
 		return nil, err
 	}
 	body, err := json.Marshal(correctionResponse{UsageLog: c.log, StripeTimestamp: basis})
@@ -304,58 +315,104 @@ type deltaLog struct {
 	log       *overage.UsageLog
 	period    time.Time
 	streamRID *string
+	// lines are its tokens per meter, the defaults first (always both):
+	// what it adds to each meter's period total.
+	lines []overage.MeterTokens
+	// split is lines with their overage, set by compute.
+	split []overage.MeterLine
 }
 
 // compute orders the log with every ingest event of its period that still
 // sees allowance left (the same advisory lock) and after every writer of
 // the period's slot rows that has written them (their row locks), reads
-// the period's total T and sets the log's overage to max(0, T+d-A) -
-// max(0, T-A) per dimension.
-func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx) error {
+// each of its meters' period total T and sets the line's overage to
+// overage.Split(T, d, A).
+func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx, cat *overage.Catalog) error {
 	a, b := periodLockKey(d.log.TenantID, d.period)
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, a, b); err != nil {
 		return fmt.Errorf("lock allowance period: %w", err)
 	}
 	var total, allowance overage.Overage
+	var included map[string]int64
 	var now time.Time
 	if err := tx.QueryRow(ctx, `WITH locked AS (
 			SELECT input_tokens, output_tokens FROM allowance_usage WHERE tenant_id = $1 AND period_start = $2 FOR UPDATE
 		)
 		SELECT (SELECT coalesce(sum(input_tokens), 0)::bigint FROM locked), (SELECT coalesce(sum(output_tokens), 0)::bigint FROM locked),
-			t.included_input_tokens, t.included_output_tokens, now()
+			t.included_input_tokens, t.included_output_tokens, t.included_meters, now()
 		FROM tenants t WHERE t.id = $1`, d.log.TenantID, d.period).Scan(&total.InputTokens, &total.OutputTokens,
-		&allowance.InputTokens, &allowance.OutputTokens, &now); err != nil {
+		&allowance.InputTokens, &allowance.OutputTokens, &included, &now); err != nil {
 		return fmt.Errorf("read allowance totals: %w", err)
 	}
-	change := func(t, d, a int64) int64 { return max(0, t+d-a) - max(0, t-a) }
+	extra := map[string]int64{}
+	if len(d.lines) > 2 {
+		var keys []string
+		for _, ln := range d.lines[2:] {
+			keys = append(keys, ln.Meter)
+		}
+		rows, err := tx.Query(ctx, `SELECT meter, coalesce(sum(tokens), 0)::bigint FROM (
+				SELECT meter, tokens FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND meter = ANY($3)
+				ORDER BY meter COLLATE "C", slot FOR UPDATE) AS m
+			GROUP BY meter`, d.log.TenantID, d.period, keys)
+		if err != nil {
+			return fmt.Errorf("read meter totals: %w", err)
+		}
+		for rows.Next() {
+			var k string
+			var n int64
+			if err := rows.Scan(&k, &n); err != nil {
+				rows.Close()
+				return fmt.Errorf("read meter totals: %w", err)
+			}
+			extra[k] = n
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read meter totals: %w", err)
+		}
+	}
 	l := d.log
-	l.Overage = overage.Overage{
-		InputTokens:  change(total.InputTokens, l.InputTokens, allowance.InputTokens),
-		OutputTokens: change(total.OutputTokens, l.OutputTokens, allowance.OutputTokens),
+	d.split = make([]overage.MeterLine, len(d.lines))
+	for i, ln := range d.lines {
+		var t, inc int64
+		switch ln.Meter {
+		case overage.MeterInput:
+			t, inc = total.InputTokens, allowance.InputTokens
+		case overage.MeterOutput:
+			t, inc = total.OutputTokens, allowance.OutputTokens
+		default:
+			t, inc = extra[ln.Meter], included[ln.Meter]
+		}
+		if ln.Tokens > 0 && t > maxTotal-ln.Tokens {
+			return errTotalOverflow
+		}
+		d.split[i] = overage.MeterLine{Meter: ln.Meter, Tokens: ln.Tokens, Overage: overage.Split(t, ln.Tokens, inc)}
 	}
 	l.CreatedAt = now.UTC().Truncate(time.Microsecond)
 	l.BillingStatus = overage.BillingStatusNotBillable
-	if l.Overage.Billable() {
+	if billable(d.split) {
 		l.BillingStatus = overage.BillingStatusPending
 	}
-	l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
+	l.Meters = rawLines(l, d.split)
+	cat.Present(l)
 	return nil
 }
 
 // writeDeltaLogs queues the report job of the billable logs (first, as the
 // ingest transaction does: see migrations/0007), then adds each log's
-// tokens to its period's ordered row (slot 0) and inserts the logs.
+// tokens to its period's ordered rows (slot 0: allowance_usage, then
+// meter_usage) and inserts the logs.
 func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 	InsertReportsTx(context.Context, pgx.Tx, uuid.UUID, []uuid.UUID) error
 }, tenantID uuid.UUID, logs []*deltaLog) error {
-	var billable []uuid.UUID
+	var billableIDs []uuid.UUID
 	for _, d := range logs {
-		if d.log.Overage.Billable() {
-			billable = append(billable, d.log.ID)
+		if billable(d.split) {
+			billableIDs = append(billableIDs, d.log.ID)
 		}
 	}
-	if len(billable) > 0 {
-		if err := ob.InsertReportsTx(ctx, tx, tenantID, billable); err != nil {
+	if len(billableIDs) > 0 {
+		if err := ob.InsertReportsTx(ctx, tx, tenantID, billableIDs); err != nil {
 			return err
 		}
 	}
@@ -365,31 +422,110 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 			VALUES ($1, $2, 0, $3, $4)
 			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
 			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens, output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-			tenantID, d.period, l.InputTokens, l.OutputTokens); err != nil {
+			tenantID, d.period, d.split[0].Tokens, d.split[1].Tokens); err != nil {
 			return fmt.Errorf("write allowance total: %w", err)
+		}
+		var keys []string
+		var tokens, over []int64
+		for _, ln := range d.split[2:] {
+			keys, tokens, over = append(keys, ln.Meter), append(tokens, ln.Tokens), append(over, ln.Overage)
+		}
+		if len(keys) > 0 {
+			if _, err := tx.Exec(ctx, `INSERT INTO meter_usage AS a (tenant_id, period_start, meter, slot, tokens)
+				SELECT $1, $2, m.meter, 0, m.tokens FROM unnest($3::text[], $4::bigint[]) AS m (meter, tokens)
+				ORDER BY 3 COLLATE "C"
+				ON CONFLICT (tenant_id, period_start, meter, slot) DO UPDATE SET tokens = a.tokens + EXCLUDED.tokens`,
+				tenantID, d.period, keys, tokens); err != nil {
+				return fmt.Errorf("write meter totals: %w", err)
+			}
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				corrects, correction_reason, stream_request_id, corrected_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17)`,
+				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20)`,
 			l.ID, tenantID, l.RequestID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, d.period,
-			l.Overage.InputTokens, l.Overage.OutputTokens, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID,
-			l.CorrectedBy); err != nil {
+			d.split[0].Overage, d.split[1].Overage, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID,
+			keys, tokens, over, l.CorrectedBy); err != nil {
 			return fmt.Errorf("write usage log: %w", err)
 		}
 	}
 	return nil
 }
 
-// withCorrections adds to a usage log (not a correction) its corrections
-// and its corrected totals.
-func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) error {
-	if l.Corrects != nil {
-		return nil
+// deltaLines routes a change of an event of model's totals with no parts
+// (a stream's increase or decrease) to meters with cat.
+func deltaLines(cat *overage.Catalog, model string, in, out int64) []overage.MeterTokens {
+	return nonZeroExtras(cat.Route(model).Lines(overage.Amounts(in, out, overage.TokenParts{})))
+}
+
+func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
+	out := lines[:2]
+	for _, ln := range lines[2:] {
+		if ln.Tokens != 0 {
+			out = append(out, ln)
+		}
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE corrects = $1 ORDER BY id`, l.ID)
+	return out
+}
+
+// correctionLines is what a correction of orig to the totals in and out
+// changes on each meter: the corrected totals routed with cat, less what
+// orig and its corrections (cur) already put on each meter. The corrected
+// totals keep orig's reported parts, cut to fit the new totals, so a
+// correction that voids a log takes back every meter's share, and one that
+// changes output leaves input's meters alone.
+func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage.UsageLog, in, out int64) []overage.MeterTokens {
+	parts := overage.TokenParts{}
+	clip := func(p *int64, room int64) *int64 {
+		if p == nil {
+			return nil
+		}
+		v := min(*p, max(room, 0))
+		return &v
+	}
+	parts.CacheRead = clip(orig.CacheRead, in)
+	var read int64
+	if parts.CacheRead != nil {
+		read = *parts.CacheRead
+	}
+	parts.CacheWrite = clip(orig.CacheWrite, in-read)
+	parts.Reasoning = clip(orig.Reasoning, out)
+	target := cat.Route(orig.ModelID).Lines(overage.Amounts(in, out, parts))
+	have := map[string]int64{}
+	for _, ln := range orig.Meters {
+		have[ln.Meter] += ln.Tokens
+	}
+	for _, c := range cur {
+		for _, ln := range c.Meters {
+			have[ln.Meter] += ln.Tokens
+		}
+	}
+	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
+	seen := map[string]bool{}
+	for _, t := range target {
+		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
+		seen[t.Meter] = true
+	}
+	// Meters orig fed that the corrected totals no longer route to give
+	// their share back.
+	var gone []string
+	for k := range have {
+		if !seen[k] {
+			gone = append(gone, k)
+		}
+	}
+	slices.Sort(gone)
+	for _, k := range gone {
+		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
+	}
+	return nonZeroExtras(lines)
+}
+
+// correctionsOf reads the corrections of the log id, oldest first.
+func (s *Service) correctionsOf(ctx context.Context, q querier, id uuid.UUID) ([]overage.UsageLog, error) {
+	rows, err := q.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE corrects = $1 ORDER BY id`, id)
 	if err != nil {
-		return fmt.Errorf("read corrections of %s: %w", l.ID, err)
+		return nil, fmt.Errorf("read corrections of %s: %w", id, err)
 	}
 	cs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (overage.UsageLog, error) {
 		c, err := scanLog(row)
@@ -399,7 +535,25 @@ func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) erro
 		return *c, nil
 	})
 	if err != nil {
-		return fmt.Errorf("read corrections of %s: %w", l.ID, err)
+		return nil, fmt.Errorf("read corrections of %s: %w", id, err)
+	}
+	for i := range cs {
+		if err := s.present(ctx, q, &cs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return cs, nil
+}
+
+// withCorrections adds to a usage log (not a correction) its corrections
+// and its corrected totals.
+func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) error {
+	if l.Corrects != nil {
+		return nil
+	}
+	cs, err := s.correctionsOf(ctx, s.pool, l.ID)
+	if err != nil {
+		return err
 	}
 	tot := overage.Overage{InputTokens: l.InputTokens, OutputTokens: l.OutputTokens}
 	for _, c := range cs {

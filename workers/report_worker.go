@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
-	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/usagelog"
@@ -38,7 +38,9 @@ type ReportWorker struct {
 	pool   *pgxpool.Pool
 	store  *usagelog.Store
 	stripe stripeclient.Sender
-	meters map[overage.Dimension]string
+	// meters names each report's meter event: the default meters by
+	// STRIPE_METER_*_EVENT, the others by the catalog.
+	meters *meters.Store
 	guard  usagelog.Guard
 	logger *slog.Logger
 	// jobTimeout bounds one run; sends are abandoned before it, and a run
@@ -221,10 +223,20 @@ func (w *ReportWorker) sendOne(ctx context.Context, customer string, r usagelog.
 	}
 	// No send may start after the cutoff, by the database clock; a send in
 	// flight is abandoned at it.
+	cat, err := w.meters.Knowing(ctx, w.pool, []string{string(r.Dimension)})
+	if err != nil {
+		o.err = err
+		return o
+	}
+	m, ok := cat.Meter(string(r.Dimension))
+	if !ok || m.EventName == "" {
+		o.err = fmt.Errorf("report %s: meter %q is not in the catalog", r.Key(), r.Dimension)
+		return o
+	}
 	sendCtx, cancel := context.WithTimeout(ctx, r.Remaining)
 	defer cancel()
 	o.res, o.err = w.stripe.SendMeterEvent(sendCtx, stripeclient.MeterEvent{
-		EventName: w.meters[r.Dimension], CustomerID: customer,
+		EventName: m.EventName, CustomerID: customer,
 		Value: r.Value, Timestamp: r.Timestamp, Key: r.Key(),
 	})
 	return o
