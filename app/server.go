@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"riverqueue.com/riverui"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/ingest"
@@ -267,7 +269,8 @@ func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx
 // in through rc with cfg's attempts and batch delay.
 func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
 	svc := ingest.NewService(pool, NewInserter(rc, cfg))
-	svc.UseMeters(meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent))
+	in, out := cmp.Or(cfg.MeterInputEvent, overage.DefaultMeterInputEvent), cmp.Or(cfg.MeterOutputEvent, overage.DefaultMeterOutputEvent)
+	svc.UseMeters(meters.NewStore(pool, in, out))
 	svc.SetCoalescing(cfg.IngestCoalesce)
 	svc.SetPeriodCloseGrace(cfg.PeriodCloseGrace)
 	return svc

@@ -433,7 +433,7 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		if len(keys) > 0 {
 			if _, err := tx.Exec(ctx, `INSERT INTO meter_usage AS a (tenant_id, period_start, meter, slot, tokens)
 				SELECT $1, $2, m.meter, 0, m.tokens FROM unnest($3::text[], $4::bigint[]) AS m (meter, tokens)
-				ORDER BY 3 COLLATE "C"
+				ORDER BY m.meter COLLATE "C"
 				ON CONFLICT (tenant_id, period_start, meter, slot) DO UPDATE SET tokens = a.tokens + EXCLUDED.tokens`,
 				tenantID, d.period, keys, tokens); err != nil {
 				return fmt.Errorf("write meter totals: %w", err)

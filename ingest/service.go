@@ -977,7 +977,7 @@ func queueMeterTotals(b *pgx.Batch, tenantID uuid.UUID, st *state, deltas []mete
 	b.Queue(`INSERT INTO meter_usage AS a (tenant_id, period_start, meter, slot, tokens)
 		SELECT $1, d.start, d.meter, d.slot, d.tokens
 		FROM unnest($2::timestamptz[], $3::text[], $4::smallint[], $5::bigint[]) AS d (start, meter, slot, tokens)
-		ORDER BY 2, 3 COLLATE "C", 4
+		ORDER BY d.start, d.meter COLLATE "C", d.slot
 		ON CONFLICT (tenant_id, period_start, meter, slot) DO UPDATE SET tokens = a.tokens + EXCLUDED.tokens`,
 		pgUUID(tenantID), starts, meters, slots, tokens)
 }
