@@ -193,6 +193,14 @@ func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Deta
 		return nil, err
 	}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var oldCustomer string
+		if lift {
+			// Read under the row lock: the customer replaced is the one
+			// this update replaces.
+			if err := tx.QueryRow(ctx, `SELECT stripe_customer_id FROM tenants WHERE id = $1 FOR UPDATE`, id).Scan(&oldCustomer); err != nil {
+				return fmt.Errorf("lock tenant %s: %w", id, err)
+			}
+		}
 		tag, err := tx.Exec(ctx, `UPDATE tenants SET
 			name = coalesce($2, name), stripe_customer_id = coalesce($3, stripe_customer_id),
 			included_input_tokens = coalesce($4, included_input_tokens),
@@ -205,7 +213,7 @@ func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Deta
 			return errTenantNotFound(id)
 		}
 		if lift {
-			return s.liftTx(ctx, tx, id)
+			return s.liftTx(ctx, tx, id, oldCustomer)
 		}
 		return nil
 	})

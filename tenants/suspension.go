@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Suspension. A tenant whose Stripe customer was deleted is suspended (the
@@ -87,11 +88,16 @@ func (s *Store) checkLift(ctx context.Context, id uuid.UUID, p UpdateParams) (bo
 	return true, nil
 }
 
-// liftTx clears the suspension of tenant id in tx and queues its report
-// job when logs wait.
-func (s *Store) liftTx(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
+// liftTx clears the suspension of tenant id in tx, parks the reports
+// already sent to the deleted customer (usagelog.ParkOpenTx) and queues
+// its report job when logs wait.
+func (s *Store) liftTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, oldCustomer string) error {
 	if _, err := tx.Exec(ctx, `UPDATE tenants SET suspended_at = NULL, suspended_reason = NULL WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("lift the suspension of tenant %s: %w", id, err)
+	}
+	if _, err := usagelog.ParkOpenTx(ctx, tx, id, fmt.Sprintf(
+		"sent to Stripe customer %s, deleted before Stripe's acceptance was recorded; resending to the tenant's new customer could bill twice or not at all: an operator must decide", oldCustomer)); err != nil {
+		return err
 	}
 	var waiting bool
 	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM usage_logs WHERE tenant_id = $1 AND billing_status = 'pending')`, id).Scan(&waiting); err != nil {

@@ -379,6 +379,26 @@ func (s *Store) closeReport(ctx context.Context, r Report, state ReportState, st
 	return n, nil
 }
 
+// ParkOpenTx moves, in tx, every open report of tenant that no live
+// worker holds to needs_review with msg, and its pending members with it.
+// Lifting a suspension calls it: those reports were formed, and sent at
+// least once (the first attempt is committed with the report), for the
+// customer Stripe deleted. Their resend would carry the same key to
+// another customer — an idempotency error within Stripe's window — and
+// whether the first send was applied is unknown, so an operator decides.
+func ParkOpenTx(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, msg string) (int64, error) {
+	tag, err := tx.Exec(ctx, `WITH parked AS (
+			UPDATE usage_reports SET state = 'needs_review', lease_until = NULL, message = $2
+			WHERE tenant_id = $1 AND state = 'open' AND (lease_until IS NULL OR lease_until < now())
+			RETURNING member_ids)
+		UPDATE usage_logs SET billing_status = 'needs_review', billing_message = $2, updated_at = now()
+		WHERE tenant_id = $1 AND id IN (SELECT unnest(member_ids) FROM parked) AND billing_status = 'pending'`, tenantID, msg)
+	if err != nil {
+		return 0, fmt.Errorf("park the open reports of tenant %s: %w", tenantID, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // ExpiredReports lists up to limit open reports, of any tenant, whose first
 // send is past the guard's cutoff and that no live worker holds: the
 // sweep parks them.

@@ -477,6 +477,16 @@ func TestDeletedCustomerSuspendsTenantUntilACustomerStripeKnowsLiftsIt(t *testin
 	inserter := outbox.NewInserter(h.rc, outbox.DefaultMaxAttempts)
 	svc := ingest.NewService(h.pool, inserter)
 	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond)
+	// A report sent to the customer before Stripe deleted it, its answer
+	// never recorded: formed (its first attempt committed), then released.
+	sent, _ := record(t, svc, h.pool, gone.ID, ts, 40)
+	reports, err := usagelog.New(h.pool).Form(ctx, usagelog.FormParams{TenantID: gone.ID, MaxLogs: 10, Lease: time.Minute, Guard: usagelog.GuardFor(24 * time.Hour)})
+	if err != nil || len(reports) == 0 {
+		t.Fatalf("form the report sent before the deletion: %v, %d reports", err, len(reports))
+	}
+	if err := usagelog.New(h.pool).Release(ctx, reports); err != nil {
+		t.Fatal(err)
+	}
 	lg, _ := record(t, svc, h.pool, gone.ID, ts, 100)
 	lo, _ := record(t, svc, h.pool, ok.ID, ts, 100)
 
@@ -580,6 +590,20 @@ func TestDeletedCustomerSuspendsTenantUntilACustomerStripeKnowsLiftsIt(t *testin
 	poll.Until(t, "the log that waited to bill", 20*time.Second, func() bool { return status(lg.ID) == "billed" })
 	if got := emu.Applied()[emulator.AppliedKey{Customer: cus, EventName: overage.DefaultMeterInputEvent}]; got != 100 {
 		t.Fatalf("Stripe holds %d input tokens for %s, want the 100 that waited", got, cus)
+	}
+	// The report already sent to the deleted customer is not resent to the
+	// new one under its key: an operator decides.
+	var msg string
+	if err := h.pool.QueryRow(ctx, `SELECT billing_status || ': ' || billing_message FROM usage_logs WHERE id = $1`, sent.ID).Scan(&msg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(msg, "needs_review: ") || !strings.Contains(msg, "cus_gone") {
+		t.Fatalf("the log sent to the deleted customer: %q, want needs_review naming cus_gone", msg)
+	}
+	for _, r := range emu.Requests() {
+		if strings.Contains(r.IdempotencyKey, sent.ID.String()) {
+			t.Fatalf("the report sent to the deleted customer was resent: %+v", r)
+		}
 	}
 }
 
