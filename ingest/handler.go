@@ -190,8 +190,9 @@ type input struct {
 	body     []byte
 }
 
-// read authenticates the request (refusing a suspended tenant), checks its Content-Type and
-// Idempotency-Key, and reads at most limit bytes of body.
+// read authenticates the request (refusing a suspended tenant), checks
+// its Content-Type and Idempotency-Key, and reads at most limit bytes of
+// body.
 func (h *Handler) read(r *http.Request, limit int64) (*input, error) {
 	p, err := h.writer(r)
 	if err != nil {
