@@ -68,7 +68,8 @@ func TestCountersFollowIngestWorkerAndSweepWrites(t *testing.T) {
 	}
 	got := tenantOf(t, r, alice.ID)
 	want := finance.Counters{UsageLogs: 10, Billed: 5, Pending: 3, NeedsReview: 1, Failed: 1,
-		OverageInputTokens: 1000, OverageOutputTokens: 500, BilledInputTokens: 500, BilledOutputTokens: 250, OldestPendingAt: &oldest}
+		OverageInputTokens: 1000, OverageOutputTokens: 500, BilledInputTokens: 500, BilledOutputTokens: 250, OldestPendingAt: &oldest,
+		Meters: []finance.MeterCounters{{Meter: "input", OverageTokens: 1000, BilledTokens: 500}, {Meter: "output", OverageTokens: 500, BilledTokens: 250}}}
 	if !sameReport(&finance.Report{Totals: got.Counters}, &finance.Report{Totals: want}) {
 		t.Fatalf("alice = %s, want %s", mustJSON(t, got.Counters), mustJSON(t, want))
 	}
