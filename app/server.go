@@ -23,6 +23,7 @@ import (
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/metrics"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
@@ -150,6 +151,9 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
 			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger}),
+			meters.NewHandler(meters.HandlerConfig{
+				Store: meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent), AdminToken: cfg.AdminToken, Logger: logger,
+			}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
