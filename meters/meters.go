@@ -88,7 +88,9 @@ func (p *CreateParams) Validate() error {
 		seen[m] = true
 	}
 	if len(fields) > 0 {
-		return overage.Invalid(fields, "invalid meter: %s %s", fields[0].Field, fields[0].Detail)
+		// The fields carry the details: the CLI names each as its flag, the
+		// API lists them in errors.
+		return overage.Invalid(fields, "invalid meter")
 	}
 	return nil
 }

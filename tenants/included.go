@@ -90,7 +90,7 @@ func checkMeters(ctx context.Context, tx pgx.Tx, included map[string]int64) erro
 		}
 	}
 	if len(fields) > 0 {
-		return overage.Invalid(fields, "invalid allowance: %s %s", fields[0].Field, fields[0].Detail)
+		return overage.Invalid(fields, "invalid allowance")
 	}
 	return nil
 }

@@ -143,6 +143,12 @@ func cmdMeterArchive(ctx context.Context, e env, args []string) error {
 	}
 	return withMeters(ctx, cfg, func(s *meters.Store) error {
 		m, err := s.Archive(ctx, key)
+		var appErr *overage.Error
+		if errors.As(err, &appErr) && appErr.Code == overage.EINVALID {
+			// The field is the API's "key"; here KEY is an argument, not
+			// --key, and the message says it all.
+			return errors.New("archive meter: " + appErr.Message)
+		}
 		if err != nil {
 			return fmt.Errorf("archive meter: %w", err)
 		}

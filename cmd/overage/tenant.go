@@ -361,7 +361,7 @@ func includedFlags(fs *flags) func() (map[string]int64, error) {
 		}
 		m[key] = n
 	}
-	fs.Func("included", "`KEY=N`: N tokens of meter KEY included per billing period (repeatable)", func(v string) error {
+	fs.Func("included", "include `KEY=N`: N tokens of meter KEY per billing period before overage (repeatable)", func(v string) error {
 		key, n, ok := strings.Cut(v, "=")
 		if !ok || key == "" {
 			errs = append(errs, fmt.Errorf("--included %q: want KEY=N, e.g. --included gpt4o_input=100000", v))
@@ -370,11 +370,11 @@ func includedFlags(fs *flags) func() (map[string]int64, error) {
 		set("included", key, n)
 		return nil
 	})
-	fs.Func("included-input-tokens", "`N` input tokens included per billing period: --included input=N", func(v string) error {
+	fs.Func("included-input-tokens", "`N` input tokens included per billing period (--included input=N)", func(v string) error {
 		set("included-input-tokens", "input", v)
 		return nil
 	})
-	fs.Func("included-output-tokens", "`N` output tokens included per billing period: --included output=N", func(v string) error {
+	fs.Func("included-output-tokens", "`N` output tokens included per billing period (--included output=N)", func(v string) error {
 		set("included-output-tokens", "output", v)
 		return nil
 	})
