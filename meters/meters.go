@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -66,6 +67,10 @@ func (p *CreateParams) Validate() error {
 		fields = append(fields, overage.FieldError{Field: "event_name", Detail: "is required: the Stripe meter's event name"})
 	case len(p.EventName) > 100 || strings.TrimSpace(p.EventName) != p.EventName:
 		fields = append(fields, overage.FieldError{Field: "event_name", Detail: "must be at most 100 characters without surrounding spaces"})
+	case hasControl(p.EventName):
+		// A NUL would reach PostgreSQL, which refuses it in text: a 500
+		// for what is the caller's mistake.
+		fields = append(fields, overage.FieldError{Field: "event_name", Detail: "must not hold control characters"})
 	}
 	if !p.TokenType.Valid() {
 		fields = append(fields, overage.FieldError{Field: "token_type",
@@ -76,7 +81,7 @@ func (p *CreateParams) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, m := range p.Models {
-		if !overage.ValidModelPattern(m) {
+		if !overage.ValidModelPattern(m) || hasControl(m) {
 			fields = append(fields, overage.FieldError{Field: "models",
 				Detail: fmt.Sprintf("%q is not a model pattern: a model id, a prefix ending in *, or *", m)})
 			break
@@ -93,6 +98,10 @@ func (p *CreateParams) Validate() error {
 		return overage.Invalid(fields, "invalid meter")
 	}
 	return nil
+}
+
+func hasControl(s string) bool {
+	return strings.IndexFunc(s, unicode.IsControl) >= 0
 }
 
 const columns = `key, coalesce(event_name, ''), token_type, models, archived_at, created_at`

@@ -318,6 +318,8 @@ func TestCreateValidationNamesFields(t *testing.T) {
 		{"a default's key", meters.CreateParams{Key: "output", EventName: "e", TokenType: "output", Models: []string{"x"}}, []string{"key"}},
 		{"event name with spaces", meters.CreateParams{Key: "k", EventName: " e ", TokenType: "input", Models: []string{"x"}}, []string{"event_name"}},
 		{"event name too long", meters.CreateParams{Key: "k", EventName: strings.Repeat("e", 101), TokenType: "input", Models: []string{"x"}}, []string{"event_name"}},
+		{"a NUL in the event name", meters.CreateParams{Key: "k", EventName: "e\x00", TokenType: "input", Models: []string{"x"}}, []string{"event_name"}},
+		{"a NUL in a pattern", meters.CreateParams{Key: "k", EventName: "e", TokenType: "input", Models: []string{"gpt\x00*"}}, []string{"models"}},
 		{"unknown token type", meters.CreateParams{Key: "k", EventName: "e", TokenType: "cached", Models: []string{"x"}}, []string{"token_type"}},
 		{"* inside a pattern", meters.CreateParams{Key: "k", EventName: "e", TokenType: "input", Models: []string{"gpt-*-mini"}}, []string{"models"}},
 		{"empty pattern", meters.CreateParams{Key: "k", EventName: "e", TokenType: "input", Models: []string{""}}, []string{"models"}},

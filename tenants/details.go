@@ -184,6 +184,8 @@ func (p UpdateParams) allowances() (in, out *int64, err error) {
 	}
 	if p.Name != nil && strings.TrimSpace(*p.Name) == "" {
 		fields = append(fields, overage.FieldError{Field: "name", Detail: "must not be empty"})
+	} else if p.Name != nil && strings.ContainsRune(*p.Name, 0) {
+		fields = append(fields, overage.FieldError{Field: "name", Detail: "must not hold a NUL character"})
 	}
 	if p.StripeCustomerID != nil {
 		fields = append(fields, validateCustomer(*p.StripeCustomerID)...)

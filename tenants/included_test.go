@@ -122,6 +122,7 @@ func TestIncludedPerMeter(t *testing.T) {
 			[]string{"included.cache_reads", "included.input"}},
 		{"not a key", tenants.UpdateParams{Included: map[string]int64{"Bad Key": 1}}, []string{"included.Bad Key"}},
 		{"alias disagrees", tenants.UpdateParams{IncludedInputTokens: &in500, Included: map[string]int64{"input": 1}}, []string{"included.input"}},
+		{"a NUL in the name", tenants.UpdateParams{Name: ptr("a\x00b")}, []string{"name"}},
 		{"empty included is nothing to change", tenants.UpdateParams{Included: map[string]int64{}}, []string{"body"}},
 	} {
 		_, err := s.Update(ctx, c.ID, tc.p)
@@ -139,6 +140,7 @@ func TestIncludedPerMeter(t *testing.T) {
 		p      tenants.CreateParams
 		fields []string
 	}{
+		{"a NUL in the name", tenants.CreateParams{Name: "a\x00", StripeCustomerID: "cus_x"}, []string{"name"}},
 		{"unknown meter", tenants.CreateParams{Name: "x", StripeCustomerID: "cus_x", Included: map[string]int64{"nope": 1}}, []string{"included.nope"}},
 		{"negative", tenants.CreateParams{Name: "x", StripeCustomerID: "cus_x", Included: map[string]int64{"output": -1}}, []string{"included.output"}},
 		{"alias disagrees", tenants.CreateParams{Name: "x", StripeCustomerID: "cus_x", IncludedInputTokens: 5, Included: map[string]int64{"input": 6}},
@@ -158,3 +160,5 @@ func TestIncludedPerMeter(t *testing.T) {
 		t.Fatalf("create with the old fields: %v (%v)", old.Included, err)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -55,6 +55,9 @@ func (p CreateParams) allowances() (in, out int64, err error) {
 	var fields []overage.FieldError
 	if strings.TrimSpace(p.Name) == "" {
 		fields = append(fields, overage.FieldError{Field: "name", Detail: "is required"})
+	} else if strings.ContainsRune(p.Name, 0) {
+		// PostgreSQL refuses a NUL in text: a 500 for the caller's mistake.
+		fields = append(fields, overage.FieldError{Field: "name", Detail: "must not hold a NUL character"})
 	}
 	fields = append(fields, validateCustomer(p.StripeCustomerID)...)
 	fields = append(fields, validateAllowance(p.IncludedInputTokens, p.IncludedOutputTokens)...)
