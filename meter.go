@@ -347,7 +347,7 @@ func (c *Catalog) Present(l *UsageLog) {
 	}
 }
 
-// Keys lists the meters of lines beyond the defaults.
+// ExtraKeys lists the meters of lines beyond the defaults.
 func ExtraKeys(lines []MeterLine) []string {
 	var out []string
 	for _, ln := range lines[min(2, len(lines)):] {
