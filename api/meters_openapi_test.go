@@ -63,6 +63,8 @@ func TestMeterAPIConformsToOpenAPI(t *testing.T) {
 					}
 				}
 			}},
+		{name: "422 create meter, a NUL in the event name", status: 422, problem: "validation-failed", field: "event_name",
+			req: admin(http.MethodPost, "/v1/meters", `{"key":"k","event_name":"e\u0000","token_type":"input"}`)},
 		{name: "422 create meter, a default's key", status: 422, problem: "validation-failed", field: "key",
 			req: admin(http.MethodPost, "/v1/meters", `{"key":"input","event_name":"e","token_type":"input","models":["x"]}`)},
 		{name: "413 create meter over 64 KiB", status: 413, problem: "payload-too-large",
