@@ -82,7 +82,7 @@ func writeRows(w io.Writer, rows []tableRow) {
 func requestRows(events, replays, duplicates, lost, httpRequests int64) []tableRow {
 	rows := []tableRow{
 		{left: []string{"Requests to the API"}, nums: []string{"requests"}},
-		{left: []string{fmt.Sprintf("the %s, each sent once", plural(events, "event", "events"))}, nums: []string{thousands(events)}},
+		{left: []string{"first sends, one per event"}, nums: []string{thousands(events)}},
 		{left: []string{"+ sent again under the same Idempotency-Key"}, nums: []string{thousands(replays)}, note: "answered with the stored answer: nothing stored twice"},
 		{left: []string{"+ sent again under a new key"}, nums: []string{thousands(duplicates)}, note: "its request_id was stored: answered as a duplicate"},
 		{left: []string{"+ resent after the network lost the answer"}, nums: []string{thousands(lost)}, note: "the server had committed: the resend got the stored answer"},

@@ -40,28 +40,7 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	// The environment wins over each of these demo settings.
-	//
-	// The sweep keeps its production interval (10 minutes): a sweep every
-	// few seconds would fill River UI with completed sweep jobs in
-	// --keep-running. The demo asks for sweeps itself while its logs wait
-	// (demo.waitBilled), and a short grace lets those requeue a tenant
-	// whose report job spent its attempts on injected faults.
-	if e.getenv("SWEEP_GRACE") == "" {
-		cfg.SweepGrace = 2 * time.Second
-	}
-	// Small reports, so the burst makes a hundred or so Stripe calls
-	// rather than one per tenant and meter: enough for the emulator's
-	// injected faults to happen and show in the closing table.
-	if e.getenv("REPORT_BATCH_MAX") == "" {
-		cfg.ReportBatchMax = demoReportBatchMax
-	}
-	if e.getenv("REPORT_JOB_TIMEOUT") == "" {
-		cfg.ReportJobTimeout = 10 * time.Second
-	}
-	if e.getenv("LOG_LEVEL") == "" {
-		cfg.LogLevel = slog.LevelError // the terminal shows progress instead
-	}
+	devSettings(e.getenv, cfg)
 	logger := app.NewLogger(e.stderr, cfg.LogLevel)
 	out := e.stdout
 
@@ -165,6 +144,31 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 		return nil
 	case err := <-errc:
 		return err
+	}
+}
+
+// devSettings are the demo's settings where the environment names none.
+//
+// The sweep keeps its production interval (10 minutes): a sweep every few
+// seconds would fill River UI with completed sweep jobs in --keep-running.
+// The demo asks for sweeps itself while its logs wait (demo.waitBilled),
+// and a short grace lets those requeue a tenant whose report job spent its
+// attempts on injected faults.
+func devSettings(getenv func(string) string, cfg *app.Config) {
+	if getenv("SWEEP_GRACE") == "" {
+		cfg.SweepGrace = 2 * time.Second
+	}
+	// Small reports, so the burst makes a hundred or so Stripe calls
+	// rather than one per tenant and meter: enough for the emulator's
+	// injected faults to happen and show in the closing table.
+	if getenv("REPORT_BATCH_MAX") == "" {
+		cfg.ReportBatchMax = demoReportBatchMax
+	}
+	if getenv("REPORT_JOB_TIMEOUT") == "" {
+		cfg.ReportJobTimeout = 10 * time.Second
+	}
+	if getenv("LOG_LEVEL") == "" {
+		cfg.LogLevel = slog.LevelError // the terminal shows progress instead
 	}
 }
 
