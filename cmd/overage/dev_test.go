@@ -415,3 +415,48 @@ func TestDevSettingsKeepTheProductionSweep(t *testing.T) {
 		}
 	}
 }
+
+// TestDevDemoBillsWhatAnEarlierRunLeftPendingApart: a demo tenant's log
+// left pending with no job (an earlier run stopped before billing it, its
+// job lost) is billed by the next run — to that run's emulator — without
+// mixing into the run's own tables or its comparison with the emulator.
+func TestDevDemoBillsWhatAnEarlierRunLeftPendingApart(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := pgtest.NewPool(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": "admin-token-of-the-earlier-run-0123456789"}
+	created, _, err := runCmd(t, env, "tenant", "create", "--name", demoTenants[0].Name, "--stripe-customer", demoTenants[0].StripeCustomerID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := startServer(t, env)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+srv.Addr()+"/v1/usage-events", strings.NewReader(`{"request_id":"earlier-run-1","user_id":"u","model_id":"m","input_tokens":1000,"output_tokens":100}`))
+	req.Header.Set("Authorization", "Bearer "+mustField(t, created, "api_key"))
+	req.Header.Set("Idempotency-Key", "earlier-run-1")
+	req.Header.Set("Content-Type", "application/json")
+	res, err := httpClient.Do(req)
+	if err != nil || res.StatusCode != http.StatusAccepted {
+		t.Fatalf("record the earlier run's event: %v %v", res, err)
+	}
+	res.Body.Close()
+	if _, err := pool.Exec(context.Background(), `DELETE FROM river_job WHERE kind = 'overage.report_tenant'`); err != nil {
+		t.Fatal(err)
+	}
+
+	out, _, err := runCmd(t, env, "dev", "--events", "40")
+	if err != nil {
+		t.Fatalf("overage dev: %v\n%s", err, out)
+	}
+	// Whether the demo saw it pending or the workers' first sweep billed
+	// it before the demo looked, it is not counted as the run's own.
+	t.Logf("reported first by the demo: %v", strings.Contains(out, "an earlier demo run left 1 usage log pending; reporting it first"))
+	if got := demoTables(t, out).value(t, "Usage logs of this run", "= stored, one per event", 2); got != 40 {
+		t.Errorf("the run counts %d usage logs, want its own 40:\n%s", got, out)
+	}
+	var billed, tenantsN int
+	if err := pool.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM usage_logs WHERE billing_status IN ('billed', 'not_billable')), (SELECT count(*) FROM tenants)`).Scan(&billed, &tenantsN); err != nil {
+		t.Fatal(err)
+	}
+	if billed != 41 || tenantsN != 2 {
+		t.Errorf("%d usage logs billed or within the allowance (want the 40 and the earlier one), %d tenants (want 2)", billed, tenantsN)
+	}
+}
