@@ -133,8 +133,8 @@ func (d *demo) run(ctx context.Context) error {
 
 	f := d.emu.Faults()
 	fmt.Fprintf(d.out, "sending %d usage events through the Go client; the network loses 1 API answer in %d after the server committed it\n", d.events, demoLostAnswerRate)
-	fmt.Fprintf(d.out, "the Stripe emulator loses %s of its answers after applying the event, and answers %s of calls with 500 and %s with 429; reports hold at most %d usage logs (REPORT_BATCH_MAX), so there are enough calls for these to happen\n",
-		pct(f.LostResponseRate), pct(f.ServerErrorRate), pct(f.RateLimitRate), d.batchMax)
+	fmt.Fprintf(d.out, "the Stripe emulator loses the answer to %s of the events it applies, and answers %s of calls 500 and %s 429;\n", pct(f.LostResponseRate), pct(f.ServerErrorRate), pct(f.RateLimitRate))
+	fmt.Fprintf(d.out, "reports hold at most %s (REPORT_BATCH_MAX), so that Stripe gets enough calls for these faults to happen\n", plural(int64(d.batchMax), "usage log", "usage logs"))
 	progressDone := make(chan struct{})
 	stopProgress := d.progress(ctx, progressDone)
 	err = d.send(ctx, "http://"+ln.Addr().String())
