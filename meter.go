@@ -116,7 +116,11 @@ type route struct {
 func NewCatalog(version int64, meters []Meter) *Catalog {
 	c := &Catalog{Version: version, all: make(map[string]*Meter, len(meters))}
 	for i := range meters {
-		m := &meters[i]
+		// A copy: the catalog is shared by every request routing with it,
+		// so it must not change when the caller reuses its slice.
+		cp := meters[i]
+		cp.Models = append([]string(nil), cp.Models...)
+		m := &cp
 		c.all[m.Key] = m
 		if m.ArchivedAt != nil {
 			continue
@@ -343,7 +347,7 @@ func (c *Catalog) Present(l *UsageLog) {
 	}
 }
 
-// Keys lists the meters of lines beyond the defaults.
+// ExtraKeys lists the meters of lines beyond the defaults.
 func ExtraKeys(lines []MeterLine) []string {
 	var out []string
 	for _, ln := range lines[min(2, len(lines)):] {

@@ -46,7 +46,10 @@ type Tenant struct {
 	StripeCustomerID     string    `json:"stripe_customer_id"`
 	IncludedInputTokens  int64     `json:"included_input_tokens"`
 	IncludedOutputTokens int64     `json:"included_output_tokens"`
-	CreatedAt            time.Time `json:"created_at"`
+	// Included is the allowance per meter key: "input" and "output" are
+	// the two fields above, the other meters' come from included_meters.
+	Included  map[string]int64 `json:"included"`
+	CreatedAt time.Time        `json:"created_at"`
 }
 
 // Principal is who a tenant API key speaks for, as one lookup of the key

@@ -135,6 +135,15 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 			req: admin(http.MethodPost, "/v1/tenants", `{"name":"x","stripe_customer_id":"acme"}`)},
 		{name: "422 create tenant, blank name", status: 422, problem: "validation-failed", field: "name",
 			req: admin(http.MethodPost, "/v1/tenants", `{"name":"  ","stripe_customer_id":"cus_x"}`)},
+		{name: "201 create tenant with an allowance per meter", status: 201,
+			req: admin(http.MethodPost, "/v1/tenants", `{"name":"Initech","stripe_customer_id":"cus_initech","included_output_tokens":3,"included":{"input":5}}`),
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); fmt.Sprint(m["included"]) != "map[input:5 output:3]" || m["included_input_tokens"] != 5.0 {
+					t.Fatalf("created: %s", r.body)
+				}
+			}},
+		{name: "422 create tenant, an allowance of no meter", status: 422, problem: "validation-failed", field: "included.nope",
+			req: admin(http.MethodPost, "/v1/tenants", `{"name":"x","stripe_customer_id":"cus_x","included":{"nope":5}}`)},
 
 		{name: "200 list tenants", status: 200, req: admin(http.MethodGet, "/v1/tenants", ""),
 			check: func(t *testing.T, f *fixture, r *result) {
@@ -188,6 +197,14 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("updated: %s", r.body)
 				}
 			}},
+		{name: "200 update an allowance per meter", status: 200, req: with(http.MethodPatch, tenantPath(""), `{"included":{"output":7}}`),
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); fmt.Sprint(m["included"]) != "map[input:5000 output:7]" || m["included_output_tokens"] != 7.0 {
+					t.Fatalf("updated: %s", r.body)
+				}
+			}},
+		{name: "422 update, a negative allowance", status: 422, problem: "validation-failed", field: "included.input", docRefuses: true,
+			req: with(http.MethodPatch, tenantPath(""), `{"included":{"input":-1}}`)},
 		// A suspended tenant is lifted by a customer Stripe knows, asked
 		// with GET /v1/customers/{id} on the servers that have Stripe.
 		{name: "422 lift with a customer Stripe does not know", status: 422, problem: "validation-failed", field: "stripe_customer_id",

@@ -158,6 +158,9 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
 			tenants.NewHandler(tenants.HandlerConfig{Store: ts, AdminToken: cfg.AdminToken, Logger: logger}),
+			meters.NewHandler(meters.HandlerConfig{
+				Store: meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent), AdminToken: cfg.AdminToken, Logger: logger,
+			}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),

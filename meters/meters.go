@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -28,6 +29,11 @@ type Store struct {
 
 	mu  sync.Mutex
 	cat *overage.Catalog
+	// floor is the newest catalog version this store's own changes
+	// committed: a catalog older than it is never kept or returned, so a
+	// read that started before a change and ends after it cannot put the
+	// old catalog back.
+	floor int64
 }
 
 // NewStore returns a store; inputEvent and outputEvent name the default
@@ -61,6 +67,10 @@ func (p *CreateParams) Validate() error {
 		fields = append(fields, overage.FieldError{Field: "event_name", Detail: "is required: the Stripe meter's event name"})
 	case len(p.EventName) > 100 || strings.TrimSpace(p.EventName) != p.EventName:
 		fields = append(fields, overage.FieldError{Field: "event_name", Detail: "must be at most 100 characters without surrounding spaces"})
+	case hasControl(p.EventName):
+		// A NUL would reach PostgreSQL, which refuses it in text: a 500
+		// for what is the caller's mistake.
+		fields = append(fields, overage.FieldError{Field: "event_name", Detail: "must not hold control characters"})
 	}
 	if !p.TokenType.Valid() {
 		fields = append(fields, overage.FieldError{Field: "token_type",
@@ -71,7 +81,7 @@ func (p *CreateParams) Validate() error {
 	}
 	seen := map[string]bool{}
 	for _, m := range p.Models {
-		if !overage.ValidModelPattern(m) {
+		if !overage.ValidModelPattern(m) || hasControl(m) {
 			fields = append(fields, overage.FieldError{Field: "models",
 				Detail: fmt.Sprintf("%q is not a model pattern: a model id, a prefix ending in *, or *", m)})
 			break
@@ -83,9 +93,15 @@ func (p *CreateParams) Validate() error {
 		seen[m] = true
 	}
 	if len(fields) > 0 {
-		return overage.Invalid(fields, "invalid meter: %s %s", fields[0].Field, fields[0].Detail)
+		// The fields carry the details: the CLI names each as its flag, the
+		// API lists them in errors.
+		return overage.Invalid(fields, "invalid meter")
 	}
 	return nil
+}
+
+func hasControl(s string) bool {
+	return strings.IndexFunc(s, unicode.IsControl) >= 0
 }
 
 const columns = `key, coalesce(event_name, ''), token_type, models, archived_at, created_at`
@@ -119,6 +135,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (*overage.Meter, err
 		return nil, err
 	}
 	var m overage.Meter
+	var version int64
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var err error
 		m, err = scan(tx.QueryRow(ctx, `INSERT INTO meters (key, event_name, token_type, models) VALUES ($1, $2, $3, $4)
@@ -126,12 +143,15 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (*overage.Meter, err
 		if err != nil {
 			return err
 		}
+		// The patterns go in in one order for every creator: two creates
+		// sharing patterns listed in different orders would otherwise each
+		// hold one's index entry and wait for the other's, and PostgreSQL
+		// would answer one with a deadlock (a 500) instead of the 409.
 		if _, err := tx.Exec(ctx, `INSERT INTO meter_models (meter, token_type, pattern)
-			SELECT $1, $2, unnest($3::text[])`, p.Key, string(p.TokenType), p.Models); err != nil {
+			SELECT $1, $2, p FROM unnest($3::text[]) AS p ORDER BY p COLLATE "C"`, p.Key, string(p.TokenType), p.Models); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE meter_catalog SET version = version + 1`)
-		return err
+		return tx.QueryRow(ctx, `UPDATE meter_catalog SET version = version + 1 RETURNING version`).Scan(&version)
 	})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -144,7 +164,7 @@ func (s *Store) Create(ctx context.Context, p CreateParams) (*overage.Meter, err
 	if err != nil {
 		return nil, fmt.Errorf("create meter %s: %w", p.Key, err)
 	}
-	s.invalidate()
+	s.changed(version)
 	m = s.named(m)
 	return &m, nil
 }
@@ -158,6 +178,7 @@ func (s *Store) Archive(ctx context.Context, key string) (*overage.Meter, error)
 			"meter %q is a default meter: it cannot be archived", key)
 	}
 	var m overage.Meter
+	var version int64
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var err error
 		m, err = scan(tx.QueryRow(ctx, `UPDATE meters SET archived_at = coalesce(archived_at, now()) WHERE key = $1
@@ -167,10 +188,10 @@ func (s *Store) Archive(ctx context.Context, key string) (*overage.Meter, error)
 		}
 		tag, err := tx.Exec(ctx, `UPDATE meter_models SET archived = true WHERE meter = $1 AND NOT archived`, key)
 		if err != nil || tag.RowsAffected() == 0 {
+			// Archived already: the catalog did not change.
 			return err
 		}
-		_, err = tx.Exec(ctx, `UPDATE meter_catalog SET version = version + 1`)
-		return err
+		return tx.QueryRow(ctx, `UPDATE meter_catalog SET version = version + 1 RETURNING version`).Scan(&version)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, overage.NotFound("meter %q not found", key)
@@ -178,7 +199,7 @@ func (s *Store) Archive(ctx context.Context, key string) (*overage.Meter, error)
 	if err != nil {
 		return nil, fmt.Errorf("archive meter %s: %w", key, err)
 	}
-	s.invalidate()
+	s.changed(version)
 	m = s.named(m)
 	return &m, nil
 }
@@ -270,15 +291,20 @@ func (s *Store) reload(ctx context.Context, db Querier) (*overage.Catalog, error
 	}
 	c := overage.NewCatalog(v, ms)
 	s.mu.Lock()
-	if s.cat == nil || s.cat.Version <= v {
+	if v >= s.floor && (s.cat == nil || s.cat.Version <= v) {
 		s.cat = c
 	}
 	s.mu.Unlock()
 	return c, nil
 }
 
-func (s *Store) invalidate() {
+// changed records that this store committed catalog version (0: nothing
+// changed) and drops the kept catalog if it is older.
+func (s *Store) changed(version int64) {
 	s.mu.Lock()
-	s.cat = nil
+	s.floor = max(s.floor, version)
+	if s.cat != nil && s.cat.Version < s.floor {
+		s.cat = nil
+	}
 	s.mu.Unlock()
 }
