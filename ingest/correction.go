@@ -452,12 +452,6 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 	return nil
 }
 
-// deltaLines routes a change of an event of model's totals with no parts
-// (a stream's increase or decrease) to meters with cat.
-func deltaLines(cat *overage.Catalog, model string, in, out int64) []overage.MeterTokens {
-	return nonZeroExtras(cat.Route(model).Lines(overage.Amounts(in, out, overage.TokenParts{})))
-}
-
 func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
 	out := lines[:2]
 	for _, ln := range lines[2:] {

@@ -277,3 +277,72 @@ func TestCorrectionsMoveEachMetersShare(t *testing.T) {
 		t.Fatalf("cache_reads period total %d after voiding, want 0", tot)
 	}
 }
+
+// A stream whose cached input grows: each checkpoint puts on each meter
+// its cumulative share less what the stream's logs put there so far, so a
+// growing cache share moves tokens from the input meter to the cache
+// meter, and after the final checkpoint every meter holds the stream's
+// last totals routed — billed once.
+func TestStreamsWhoseCacheCountsGrowBillEachMeterItsShare(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createMeters(t, meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
+	checkpoint := func(seq int, final bool, in, read, out int) response {
+		t.Helper()
+		body := fmt.Sprintf(`{"request_id":"stream-1","user_id":"u","model_id":"gpt-4o","input_tokens":%d,"cache_read_input_tokens":%d,"output_tokens":%d,"stream":{"sequence":%d,"final":%t}}`,
+			in, read, out, seq, final)
+		r := b.post(t, b.alice.APIKey, fmt.Sprintf("cp-%d", seq), body)
+		if r.status != http.StatusAccepted && r.status != http.StatusOK {
+			t.Fatalf("checkpoint %d: %d %s", seq, r.status, r.body)
+		}
+		return r
+	}
+	perMeter := func() map[string]int64 {
+		t.Helper()
+		out := map[string]int64{}
+		rows, err := b.pool.Query(context.Background(), `
+			SELECT 'output', output_tokens FROM usage_logs WHERE stream_request_id = 'stream-1'
+			UNION ALL SELECT x.k, x.t FROM usage_logs, unnest(meter_keys, meter_tokens) AS x (k, t) WHERE stream_request_id = 'stream-1'
+			UNION ALL SELECT 'all_input', input_tokens FROM usage_logs WHERE stream_request_id = 'stream-1'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var k string
+			var n int64
+			if err := rows.Scan(&k, &n); err != nil {
+				t.Fatal(err)
+			}
+			out[k] += n
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		out["input"] = out["all_input"] - out["cache_reads"]
+		delete(out, "all_input")
+		return out
+	}
+	checkpoint(1, false, 100, 0, 10)
+	if got := perMeter(); got["input"] != 100 || got["cache_reads"] != 0 || got["output"] != 10 {
+		t.Fatalf("after checkpoint 1: %v", got)
+	}
+	// The cache share grows faster than the input: the input meter gives
+	// back 20 while the totals only grow.
+	checkpoint(2, false, 150, 70, 20)
+	if got := perMeter(); got["input"] != 80 || got["cache_reads"] != 70 || got["output"] != 20 {
+		t.Fatalf("after checkpoint 2: %v, want input 80, cache_reads 70, output 20", got)
+	}
+	// A replayed checkpoint changes nothing.
+	checkpoint(2, false, 150, 70, 20)
+	checkpoint(3, true, 160, 90, 25)
+	if got := perMeter(); got["input"] != 70 || got["cache_reads"] != 90 || got["output"] != 25 {
+		t.Fatalf("after the final checkpoint: %v, want input 70, cache_reads 90, output 25", got)
+	}
+	// The period totals hold the same.
+	if n := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1 AND meter = 'cache_reads'`, b.alice.ID); n != 90 {
+		t.Fatalf("cache_reads period total %d, want 90", n)
+	}
+	if n := b.count(t, `SELECT coalesce(sum(input_tokens), 0) FROM allowance_usage WHERE tenant_id = $1`, b.alice.ID); n != 70 {
+		t.Fatalf("input meter's period total %d, want 70", n)
+	}
+}
