@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -345,4 +346,34 @@ func TestStreamsWhoseCacheCountsGrowBillEachMeterItsShare(t *testing.T) {
 	if n := b.count(t, `SELECT coalesce(sum(input_tokens), 0) FROM allowance_usage WHERE tenant_id = $1`, b.alice.ID); n != 70 {
 		t.Fatalf("input meter's period total %d, want 70", n)
 	}
+}
+
+// A correction may give the corrected parts: with the same totals and
+// fewer cached tokens it moves tokens from the cache meter to the input
+// meter; a part above its total is 422 naming it.
+func TestCorrectionWithCorrectedPartsMovesTokensBetweenMeters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createMeters(t, meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
+	r := b.post(t, b.alice.APIKey, "e1", partsEvent("gpt-4o", 100, 60, 0, 50, 0))
+	requireStatus(t, r, http.StatusAccepted)
+	var l overage.UsageLog
+	if err := json.Unmarshal(r.body, &l); err != nil {
+		t.Fatal(err)
+	}
+	path := "/v1/usage-events/" + l.ID.String() + "/corrections"
+	bad := b.do(t, http.MethodPost, path, b.alice.APIKey, "c0", `{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":101,"reason":"x"}`)
+	requireProblem(t, bad, http.StatusUnprocessableEntity, "validation-failed")
+	if !strings.Contains(string(bad.body), `"cache_read_input_tokens"`) {
+		t.Fatalf("the problem does not name the part: %s", bad.body)
+	}
+	c := b.do(t, http.MethodPost, path, b.alice.APIKey, "c1", `{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":20,"reason":"the cache hit less"}`)
+	requireStatus(t, c, http.StatusAccepted)
+	lines := meterLines(t, c.body)
+	if lines["input"].Tokens != 40 || lines["cache_reads"].Tokens != -40 || lines["input"].Overage != 40 || lines["cache_reads"].Overage != -40 {
+		t.Fatalf("correction lines %+v, want input +40 and cache_reads -40", lines)
+	}
+	// Correcting to what it already is: nothing to correct.
+	same := b.do(t, http.MethodPost, path, b.alice.APIKey, "c2", `{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":20,"reason":"again"}`)
+	requireProblem(t, same, http.StatusUnprocessableEntity, "validation-failed")
 }
