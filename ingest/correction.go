@@ -456,6 +456,29 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 	return nil
 }
 
+// meterDeltas is, per meter, target less have: the meters of target in its
+// order (the default meters first), then the meters only have names — a
+// share given back — in key order.
+func meterDeltas(target []overage.MeterTokens, have map[string]int64) []overage.MeterTokens {
+	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
+	seen := map[string]bool{}
+	for _, t := range target {
+		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
+		seen[t.Meter] = true
+	}
+	var gone []string
+	for k := range have {
+		if !seen[k] {
+			gone = append(gone, k)
+		}
+	}
+	slices.Sort(gone)
+	for _, k := range gone {
+		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
+	}
+	return lines
+}
+
 func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
 	out := lines[:2]
 	for _, ln := range lines[2:] {
@@ -507,24 +530,7 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 			have[ln.Meter] += ln.Tokens
 		}
 	}
-	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
-	seen := map[string]bool{}
-	for _, t := range target {
-		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
-		seen[t.Meter] = true
-	}
-	// Meters orig fed that the corrected totals no longer route to give
-	// their share back.
-	var gone []string
-	for k := range have {
-		if !seen[k] {
-			gone = append(gone, k)
-		}
-	}
-	slices.Sort(gone)
-	for _, k := range gone {
-		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
-	}
+	lines := meterDeltas(target, have)
 	return nonZeroExtras(lines)
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 
@@ -213,7 +212,7 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 	if err != nil {
 		return nil, err
 	}
-	upLines, downLines := splitDeltas(cat, cat.Route(ev.ModelID).Lines(overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)), have)
+	upLines, downLines := splitDeltas(cat.Route(ev.ModelID).Lines(overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)), have)
 	up, down := dimensions(cat, upLines), dimensions(cat, downLines)
 	if billableTokens(upLines) {
 		var period time.Time
@@ -432,41 +431,26 @@ func (s *Service) streamMeters(ctx context.Context, tx pgx.Tx, tenantID uuid.UUI
 	return have, nil
 }
 
-// splitDeltas is target less have, per meter: the increases and the
-// decreases, each with both default meters first (as deltaLog.lines
-// wants) and the other meters that change.
-func splitDeltas(cat *overage.Catalog, target []overage.MeterTokens, have map[string]int64) (up, down []overage.MeterTokens) {
+// splitDeltas is target less have (meterDeltas), split by sign: the
+// increases and the decreases, each with both default meters first (as
+// deltaLog.lines wants) and the other meters that change.
+func splitDeltas(target []overage.MeterTokens, have map[string]int64) (up, down []overage.MeterTokens) {
 	up = []overage.MeterTokens{{Meter: overage.MeterInput}, {Meter: overage.MeterOutput}}
 	down = []overage.MeterTokens{{Meter: overage.MeterInput}, {Meter: overage.MeterOutput}}
-	seen := map[string]bool{}
-	add := func(meter string, d int64) {
-		for _, side := range []*[]overage.MeterTokens{&up, &down} {
-			if (side == &up) != (d > 0) || d == 0 {
-				continue
-			}
-			switch meter {
-			case overage.MeterInput:
-				(*side)[0].Tokens += d
-			case overage.MeterOutput:
-				(*side)[1].Tokens += d
-			default:
-				*side = append(*side, overage.MeterTokens{Meter: meter, Tokens: d})
-			}
+	for _, d := range meterDeltas(target, have) {
+		side := &up
+		if d.Tokens < 0 {
+			side = &down
 		}
-	}
-	for _, t := range target {
-		seen[t.Meter] = true
-		add(t.Meter, t.Tokens-have[t.Meter])
-	}
-	var gone []string
-	for k := range have {
-		if !seen[k] {
-			gone = append(gone, k)
+		switch {
+		case d.Tokens == 0:
+		case d.Meter == overage.MeterInput:
+			(*side)[0].Tokens += d.Tokens
+		case d.Meter == overage.MeterOutput:
+			(*side)[1].Tokens += d.Tokens
+		default:
+			*side = append(*side, d)
 		}
-	}
-	slices.Sort(gone)
-	for _, k := range gone {
-		add(k, -have[k])
 	}
 	return up, down
 }
