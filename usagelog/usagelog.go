@@ -74,7 +74,8 @@ type Report struct {
 	Dimension overage.Dimension
 	TenantID  uuid.UUID
 	Value     int64
-	// Timestamp is the latest usage timestamp among the members.
+	// Timestamp is the latest usage timestamp among the members, or the
+	// formation time for a report of a closed period (TimestampReported).
 	Timestamp      time.Time
 	Members        []uuid.UUID
 	State          ReportState
