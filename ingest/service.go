@@ -845,6 +845,12 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		// event of the transaction reported one.
 		var reads, writes, reasons []*int64
 		var flat flatLines
+		// A log of a period closed now is reported at send time, whenever
+		// its report is formed (closed is for good): recorded as such.
+		closed := make(pgArray[pgTimestamptz], 0, len(st.closed))
+		for p := range st.closed {
+			closed = append(closed, pgTimestamptz(p))
+		}
 		for i, l := range w.logs {
 			flat.add(w.lines[i])
 			ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])
@@ -864,10 +870,10 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
 				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
-				meter_keys, meter_tokens, meter_overage)
+				meter_keys, meter_tokens, meter_overage, stripe_timestamp)
 			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13,
 				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n],
-				x.keys, x.tokens, x.over
+				x.keys, x.tokens, x.over, CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
 			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
 				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[]) WITH ORDINALITY
 				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, n)
@@ -877,7 +883,7 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 				WHERE ($21::int[])[u.n] > 0) AS x ON true
 			ORDER BY u.rid COLLATE "C"`,
 			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons,
-			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count)
+			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count, closed)
 	}
 	n := len(active)
 	keys, fps, statuses, bodies, logIDs := make(pgArray[pgString], n), make([][]byte, n), make([]int32, n), make([][]byte, n), make(pgArray[pgtype.UUID], n)
@@ -1211,7 +1217,7 @@ const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_toke
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
 	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
 	corrects, correction_reason, meter_keys, meter_tokens, meter_overage, meter_leads, meter_accepted_at, corrected_by,
-	coalesce(stripe_timestamp, '')`
+	coalesce(stripe_timestamp, 'usage')`
 
 func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	l := &overage.UsageLog{}
@@ -1294,18 +1300,18 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	return l, nil
 }
 
-// stripeTimestampNow fills in the StripeTimestamp of a log whose reports
-// are not formed yet: "reported" when its period is closed now.
+// stripeTimestampNow corrects the StripeTimestamp of a log recorded while
+// its period was open whose reports are not formed yet (stripe_timestamp
+// NULL, read as "usage"): "reported" when its period is closed now.
 func (s *Service) stripeTimestampNow(ctx context.Context, l *overage.UsageLog) error {
-	if l.StripeTimestamp != "" {
+	if l.StripeTimestamp != usagelog.TimestampUsage {
 		return nil
 	}
 	var closed bool
-	if err := s.pool.QueryRow(ctx, `SELECT `+usagelog.PeriodClosedSQL("u.tenant_id", "u.period_start", "$2")+`
+	if err := s.pool.QueryRow(ctx, `SELECT u.stripe_timestamp IS NULL AND `+usagelog.PeriodClosedSQL("u.tenant_id", "u.period_start", "$2")+`
 		FROM usage_logs u WHERE u.id = $1`, l.ID, s.closeGrace().Seconds()).Scan(&closed); err != nil {
 		return fmt.Errorf("read whether the period of %s is closed: %w", l.ID, err)
 	}
-	l.StripeTimestamp = usagelog.TimestampUsage
 	if closed {
 		l.StripeTimestamp = usagelog.TimestampReported
 	}

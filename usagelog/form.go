@@ -37,6 +37,10 @@ type candidate struct {
 	need            []overage.Dimension
 	firstAttemptAt  *time.Time
 	singleLogReport bool
+	// reported: ingest found its period closed and answered "reported"
+	// (stripe_timestamp), so it is reported at send time whatever the
+	// period's state by this process's PERIOD_CLOSE_GRACE.
+	reported bool
 	// The lines of meters other than the defaults (see migrations/0031):
 	// their keys and report leads, element by element.
 	extraKeys  []string
@@ -102,7 +106,7 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 					// Its earlier send carried its usage timestamp: so does
 					// the report that repeats it.
 					k.single = c.id
-				} else if closed[c.period] {
+				} else if c.reported || closed[c.period] {
 					k.late, k.day = true, now.Truncate(24*time.Hour)
 				}
 				if _, ok := groups[k]; !ok {
@@ -203,7 +207,7 @@ func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit in
 		WHERE x.o <> 0 AND x.l IS NULL AND x.a IS NULL))`
 	rows, err := tx.Query(ctx, `SELECT id, ts, period_start, overage_input_tokens, overage_output_tokens, `+needIn+`, `+needOut+`,
 			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL,
-			meter_keys, meter_overage, meter_leads, meter_accepted_at
+			meter_keys, meter_overage, meter_leads, meter_accepted_at, coalesce(stripe_timestamp = 'reported', false)
 		FROM usage_logs
 		WHERE tenant_id = $1 AND billing_status = 'pending' AND (`+needIn+` OR `+needOut+` OR `+needExtra+`)
 		ORDER BY created_at LIMIT $2
@@ -219,7 +223,7 @@ func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit in
 		var leads []pgtype.UUID
 		var accepted []pgtype.Timestamptz
 		err := row.Scan(&c.id, &c.ts, &c.period, &oin, &oout, &in, &out, &c.firstAttemptAt, &c.singleLogReport,
-			&c.extraKeys, &over, &leads, &accepted)
+			&c.extraKeys, &over, &leads, &accepted, &c.reported)
 		if err != nil {
 			return nil, err
 		}
