@@ -215,6 +215,11 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 		ID: id, TenantID: orig.TenantID, Timestamp: orig.Timestamp, UserID: orig.UserID, ModelID: orig.ModelID,
 		InputTokens: delta.InputTokens, OutputTokens: delta.OutputTokens,
 		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason, CorrectedBy: &by,
+		StripeTimestamp: usagelog.TimestampUsage,
+	}
+	if closed {
+		// Its report is formed after now, its period closed for good.
+		l.StripeTimestamp = usagelog.TimestampReported
 	}
 	basis := TimestampOriginal
 	if !nowPeriod.UTC().Equal(period.UTC()) || orig.Timestamp.Before(now.Add(-maxEventAge+stripeTimestampMargin)) {
@@ -433,11 +438,12 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20)`,
+				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by, stripe_timestamp)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20,
+				CASE WHEN $21 THEN 'reported' END)`,
 			l.ID, tenantID, l.RequestID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, d.period,
 			d.split[0].Overage, d.split[1].Overage, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID,
-			keys, tokens, over, l.CorrectedBy); err != nil {
+			keys, tokens, over, l.CorrectedBy, l.StripeTimestamp == usagelog.TimestampReported); err != nil {
 			return fmt.Errorf("write usage log: %w", err)
 		}
 	}
