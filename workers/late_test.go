@@ -11,6 +11,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/usagelog"
 	"github.com/overage-billing/overage/workers"
@@ -158,6 +159,66 @@ func TestLateUsageOfAClosedPeriodIsBilledAtSendTime(t *testing.T) {
 		}
 		if got.StripeTimestamp != wantBasis {
 			t.Errorf("%s: GET shows stripe_timestamp %q, want %q", c, got.StripeTimestamp, wantBasis)
+		}
+	}
+}
+
+// Late logs billed through lost answers and 500s: every resend of a report
+// carries the timestamp fixed when it was formed (the emulator refuses a
+// key resent with other parameters), each is applied once, and Stripe
+// holds exactly the overage the closed period owes.
+func TestLateUsageIsBilledExactlyOnceUnderFaults(t *testing.T) {
+	t.Parallel()
+	w := worktest.New(t, worktest.Options{
+		Emulator: emulator.Options{Faults: emulator.Faults{ServerErrorRate: 0.2, LostResponseRate: 0.3}},
+		Tenants:  []tenants.CreateParams{{StripeCustomerID: "cus_closed", IncludedInputTokens: 500}},
+	})
+	ctx := context.Background()
+	tenant := w.Tenants["cus_closed"].ID
+	end := time.Now().Add(-3 * time.Hour)
+	if _, err := w.Pool.Exec(ctx, `INSERT INTO tenant_subscriptions (tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
+		VALUES ($1, 'sub_old', 'active', $2, $3, now()), ($1, 'sub_new', 'active', $3, $4, now())`,
+		tenant, end.Add(-30*24*time.Hour), end, end.Add(30*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	formedAfter := time.Now().Add(-time.Second)
+	var ids []uuid.UUID
+	for i := range 40 {
+		ids = append(ids, worktest.Record(t, w.Ingest, tenant, end.Add(-time.Duration(i+1)*time.Hour), 100, 10))
+	}
+	stop := w.Start(t, workers.Config{PeriodCloseGrace: time.Hour, BatchMax: 7})
+	defer stop()
+	b := &bundle{World: w}
+	for _, id := range ids {
+		b.waitStatus(t, id, overage.BillingStatusBilled, 60*time.Second)
+	}
+	var notReported int
+	if err := w.Pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = $1 AND stripe_timestamp IS DISTINCT FROM 'reported'`, tenant).
+		Scan(&notReported); err != nil {
+		t.Fatal(err)
+	}
+	if notReported != 0 {
+		t.Fatalf("%d late logs not recorded as reported", notReported)
+	}
+	var sum int64
+	for _, e := range w.Emu.Events() {
+		if w.Emu.AppliedCount(e.Identifier) != 1 {
+			t.Fatalf("%s applied %d times", e.Identifier, w.Emu.AppliedCount(e.Identifier))
+		}
+		if e.Timestamp.Before(formedAfter.Truncate(time.Second)) {
+			t.Fatalf("meter event %s carries %s, want its report's formation time (after %s)", e.Identifier, e.Timestamp, formedAfter)
+		}
+		if e.EventName == overage.DefaultMeterInputEvent {
+			sum += e.Value
+		}
+	}
+	// 4,000 input tokens of the closed period against its 500.
+	if sum != 3500 {
+		t.Fatalf("Stripe holds %d input tokens, want 3500", sum)
+	}
+	for _, r := range w.Emu.Requests() {
+		if r.Status == 400 {
+			t.Fatalf("Stripe refused a resend: %+v", r)
 		}
 	}
 }
