@@ -35,7 +35,7 @@ func PeriodOfSQL(tenant, ts string) string {
 // PERIOD_CLOSE_GRACE. A period is closed once
 //   - the period holding now() - grace began after it (so it ended more
 //     than grace ago), or
-//   - the subscription period it is is known to have ended more than grace
+//   - the subscription period it is known to have ended more than grace
 //     ago (a cancelled subscription's last period, which no later one
 //     follows), or
 //   - Stripe finalized an invoice of the tenant's subscription whose usage
