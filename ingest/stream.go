@@ -15,6 +15,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/httpx"
 	"github.com/overage-billing/overage/internal/page"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Streaming responses. A streamed LLM answer is reported as checkpoints:
@@ -216,7 +217,9 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 	up, down := dimensions(cat, upLines), dimensions(cat, downLines)
 	if billableTokens(upLines) {
 		var period time.Time
-		if err := tx.QueryRow(ctx, `SELECT `+periodOfSQL("$2::timestamptz"), p.TenantID, ev.Timestamp).Scan(&period); err != nil {
+		var closed bool
+		if err := tx.QueryRow(ctx, `SELECT p.start, `+usagelog.PeriodClosedSQL("$1", "p.start", "$3")+`
+			FROM (SELECT `+periodOfSQL("$2::timestamptz")+` AS start) p`, p.TenantID, ev.Timestamp, s.closeGrace().Seconds()).Scan(&period, &closed); err != nil {
 			return nil, fmt.Errorf("read allowance period: %w", err)
 		}
 		id, err := uuid.NewV7()
@@ -224,7 +227,10 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 			return nil, fmt.Errorf("usage log id: %w", err)
 		}
 		l := &overage.UsageLog{ID: id, TenantID: p.TenantID, Timestamp: ev.Timestamp, UserID: ev.UserID, ModelID: ev.ModelID,
-			InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage}
+			InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage, StripeTimestamp: usagelog.TimestampUsage}
+		if closed {
+			l.StripeTimestamp = usagelog.TimestampReported
+		}
 		if first == nil {
 			// The stream's first log carries its request_id: a plain event
 			// with it is then a duplicate.
