@@ -142,7 +142,9 @@ func NewDeliverer(pool *pgxpool.Pool, cfg DeliverConfig) *Deliverer {
 }
 
 // Timeout bounds a job run: the attempt and its bookkeeping.
-func (d *Deliverer) Timeout(*river.Job[DeliverArgs]) time.Duration { return d.cfg.Timeout + 20*time.Second }
+func (d *Deliverer) Timeout(*river.Job[DeliverArgs]) time.Duration {
+	return d.cfg.Timeout + 20*time.Second
+}
 
 // NextRetry is the time Work chose for the next attempt.
 func (d *Deliverer) NextRetry(job *river.Job[DeliverArgs]) time.Time {
@@ -282,7 +284,7 @@ func (d *Deliverer) lease(ctx context.Context, id uuid.UUID) (*leased, error) {
 		  AND (e.lease_until IS NULL OR e.lease_until < now())
 		RETURNING e.id, e.tenant_id, e.meter, e.period_start, e.threshold_percent, e.included, e.used, e.created_at,
 			e.attempts, t.alert_url, t.alert_secret, now()`,
-		id, (d.cfg.Timeout + 30*time.Second).Microseconds()).Scan(&rawID, &ev.Data.TenantID, &ev.Data.Meter, &ev.Data.PeriodStart,
+		id, (d.cfg.Timeout+30*time.Second).Microseconds()).Scan(&rawID, &ev.Data.TenantID, &ev.Data.Meter, &ev.Data.PeriodStart,
 		&pct, &ev.Data.Included, &ev.Data.Used, &ev.Created, &ev.attempt, &ev.url, &ev.secret, &ev.now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"riverqueue.com/riverui"
 
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/ingest"
@@ -150,6 +151,8 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
 			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger}),
+			alerts.NewHandler(alerts.HandlerConfig{DB: pool, Auth: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
+				EventNames: map[string]string{alerts.MeterInput: cfg.MeterInputEvent, alerts.MeterOutput: cfg.MeterOutputEvent}}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
@@ -262,6 +265,7 @@ func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx
 func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
 	svc := ingest.NewService(pool, NewInserter(rc, cfg))
 	svc.SetCoalescing(cfg.IngestCoalesce)
+	svc.SetAlerts(alerts.NewRecorder(rc))
 	return svc
 }
 

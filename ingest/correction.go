@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/httpx"
 )
@@ -134,7 +135,7 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 		return nil, fmt.Errorf("render correction: %w", err)
 	}
 	out := &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: c.log.ID}
-	if err := writeDeltaLogs(ctx, tx, s.outbox, tenantID, []*deltaLog{c}); err != nil {
+	if err := writeDeltaLogs(ctx, tx, s.outbox, s.alerts, tenantID, []*deltaLog{c}); err != nil {
 		return nil, err
 	}
 	if err := k.store(ctx, tx, out); err != nil {
@@ -252,6 +253,9 @@ type deltaLog struct {
 	log       *overage.UsageLog
 	period    time.Time
 	streamRID *string
+	// The period's totals before the log and the allowance, read by
+	// compute under the period's lock.
+	total, allowance overage.Overage
 }
 
 // compute orders the log with every ingest event of its period that still
@@ -276,6 +280,7 @@ func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("read allowance totals: %w", err)
 	}
 	change := func(t, d, a int64) int64 { return max(0, t+d-a) - max(0, t-a) }
+	d.total, d.allowance = total, allowance
 	l := d.log
 	l.Overage = overage.Overage{
 		InputTokens:  change(total.InputTokens, l.InputTokens, allowance.InputTokens),
@@ -295,7 +300,7 @@ func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx) error {
 // tokens to its period's ordered row (slot 0) and inserts the logs.
 func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 	InsertReportsTx(context.Context, pgx.Tx, uuid.UUID, []uuid.UUID) error
-}, tenantID uuid.UUID, logs []*deltaLog) error {
+}, rec *alerts.Recorder, tenantID uuid.UUID, logs []*deltaLog) error {
 	var billable []uuid.UUID
 	for _, d := range logs {
 		if d.log.Overage.Billable() {
@@ -306,6 +311,9 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		if err := ob.InsertReportsTx(ctx, tx, tenantID, billable); err != nil {
 			return err
 		}
+	}
+	if err := rec.Record(ctx, tx, tenantID, deltaUsage(logs)...); err != nil {
+		return err
 	}
 	for _, d := range logs {
 		l := d.log
@@ -326,6 +334,17 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		}
 	}
 	return nil
+}
+
+// deltaUsage is how the logs change their meters' period totals.
+func deltaUsage(logs []*deltaLog) []alerts.Usage {
+	out := make([]alerts.Usage, 0, 2*len(logs))
+	for _, d := range logs {
+		out = append(out,
+			alerts.Usage{Meter: alerts.MeterInput, PeriodStart: d.period, Included: d.allowance.InputTokens, Before: d.total.InputTokens, After: d.total.InputTokens + d.log.InputTokens},
+			alerts.Usage{Meter: alerts.MeterOutput, PeriodStart: d.period, Included: d.allowance.OutputTokens, Before: d.total.OutputTokens, After: d.total.OutputTokens + d.log.OutputTokens})
+	}
+	return out
 }
 
 // withCorrections adds to a usage log (not a correction) its corrections

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/dberr"
 	"github.com/overage-billing/overage/outbox"
@@ -65,6 +66,9 @@ type Service struct {
 	pool   *pgxpool.Pool
 	outbox *outbox.Inserter
 	slots  *slotLeases
+	// alerts records threshold events in the transactions that cross
+	// them; nil records none.
+	alerts *alerts.Recorder
 
 	// coalesce groups a tenant's concurrent single events into one
 	// transaction; nil records each in its own.
@@ -100,6 +104,10 @@ func (s *Service) SetCoalescing(inFlight int) {
 		s.coalesce = newCoalescer(s, inFlight, maxGroupEvents)
 	}
 }
+
+// SetAlerts makes the ingest transactions record the threshold events
+// they cross with r (nil: none).
+func (s *Service) SetAlerts(r *alerts.Recorder) { s.alerts = r }
 
 // Outcome is the response to send for a usage event.
 type Outcome struct {
@@ -325,6 +333,9 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 		// Before the writes, so the counter rows the usage log insert
 		// updates stay locked only for the last pipeline and the commit.
 		if err := s.outbox.InsertReportsTx(ctx, tx, g.tenantID, w.reportIDs); err != nil {
+			return nil, err
+		}
+		if err := s.alerts.Record(ctx, tx, g.tenantID, w.meterUsage(st)...); err != nil {
 			return nil, err
 		}
 	}
@@ -648,6 +659,21 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		d.OutputTokens += ev.OutputTokens
 	}
 	return w, nil
+}
+
+// meterUsage is how the new logs change each meter's period total. The
+// totals are exact for every period with allowance left (st.order read
+// them under the period's lock); a period past its allowance in both
+// meters crosses no threshold (thresholds are at most 100%).
+func (w *writes) meterUsage(st *state) []alerts.Usage {
+	out := make([]alerts.Usage, 0, 2*len(w.deltaOrder))
+	for _, p := range w.deltaOrder {
+		after, d := st.totals[p], w.deltas[p]
+		out = append(out,
+			alerts.Usage{Meter: alerts.MeterInput, PeriodStart: p, Included: st.allowance.InputTokens, Before: after.InputTokens - d.InputTokens, After: after.InputTokens},
+			alerts.Usage{Meter: alerts.MeterOutput, PeriodStart: p, Included: st.allowance.OutputTokens, Before: after.OutputTokens - d.OutputTokens, After: after.OutputTokens})
+	}
+	return out
 }
 
 // exec writes and commits, in one round trip: the expired records'

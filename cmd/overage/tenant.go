@@ -19,10 +19,10 @@ import (
 )
 
 const (
-	tenantCreateSynopsis = "overage tenant create --name NAME --stripe-customer CUS [--included-input-tokens N] [--included-output-tokens N]"
+	tenantCreateSynopsis = "overage tenant create --name NAME --stripe-customer CUS [--included-input-tokens N] [--included-output-tokens N] [--alert-url URL] [--alert-at P,P...]"
 	tenantListSynopsis   = "overage tenant list [--json]"
 	tenantShowSynopsis   = "overage tenant show ID [--json]"
-	tenantUpdateSynopsis = "overage tenant update ID [--name N] [--stripe-customer CUS] [--included-input-tokens N] [--included-output-tokens N]"
+	tenantUpdateSynopsis = "overage tenant update ID [--name N] [--stripe-customer CUS] [--included-input-tokens N] [--included-output-tokens N] [--alert-url URL] [--alert-at P,P...]"
 	tenantKeySynopsis    = "overage tenant key create ID | overage tenant key revoke ID KEY_ID"
 )
 
@@ -228,11 +228,14 @@ func writeTenant(w io.Writer, d *tenants.Details) error {
 }
 
 func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
-	fs := newFlags(e, "tenant update", tenantUpdateSynopsis+"\n\nAn allowance change applies to usage recorded after it; nothing already recorded is recomputed.")
+	fs := newFlags(e, "tenant update", tenantUpdateSynopsis+"\n\nAn allowance change applies to usage recorded after it; nothing already recorded is recomputed."+
+		"\nSetting --alert-url prints the endpoint's signing secret (whsec_...) once, as alert_secret; --alert-url \"\" and --alert-at \"\" remove them.")
 	name := fs.String("name", "", "new tenant name")
 	customer := fs.String("stripe-customer", "", "new Stripe customer id, cus_...")
 	in := fs.String("included-input-tokens", "", "new input tokens included per billing period")
 	out := fs.String("included-output-tokens", "", "new output tokens included per billing period")
+	alertURL := fs.String("alert-url", "", "where threshold events are POSTed (http or https); \"\" removes it")
+	alertAt := fs.String("alert-at", "", "thresholds, percentages of each meter's allowance (e.g. 80,100); \"\" removes them")
 	ids, rest, err := leadingIDs(fs, args, "ID")
 	if err != nil {
 		return err
@@ -251,6 +254,22 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 			p.Name = name
 		case "stripe-customer":
 			p.StripeCustomerID = customer
+		case "alert-url":
+			p.AlertURL = alertURL
+		case "alert-at":
+			at := []int{}
+			for _, v := range strings.Split(*alertAt, ",") {
+				if v = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "%")); v == "" {
+					continue
+				}
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("--alert-at %q: want whole percentages, comma-separated (80,100)", *alertAt))
+					return
+				}
+				at = append(at, n)
+			}
+			p.AlertAt = &at
 		case "included-input-tokens", "included-output-tokens":
 			v := *in
 			dst := &p.IncludedInputTokens
@@ -269,7 +288,7 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 		return fs.usageError(err)
 	}
 	if p == (tenants.UpdateParams{}) {
-		return fs.usageError(errors.New("nothing to change: give --name, --stripe-customer, --included-input-tokens or --included-output-tokens"))
+		return fs.usageError(errors.New("nothing to change: give --name, --stripe-customer, --included-input-tokens, --included-output-tokens, --alert-url or --alert-at"))
 	}
 	if err := p.Validate(); err != nil {
 		return err
