@@ -1,0 +1,467 @@
+package alerts_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/overage-billing/overage/alerts"
+	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/tenants"
+)
+
+// world is a migrated database, the real ingest service and a tenant.
+type world struct {
+	pool   *pgxpool.Pool
+	svc    *ingest.Service
+	river  *river.Client[pgx.Tx]
+	tenant uuid.UUID
+	key    string
+	secret string
+}
+
+type worldOpts struct {
+	in, out  int64 // allowance
+	alertAt  []int
+	url      string
+	deliver  *alerts.DeliverConfig // non-nil: run the delivery workers
+	noTenant bool
+}
+
+func newWorld(t *testing.T, o worldOpts) *world {
+	t.Helper()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	w := &world{pool: pool}
+	cfg := &river.Config{}
+	if o.deliver != nil {
+		ws := river.NewWorkers()
+		river.AddWorker(ws, alerts.NewDeliverer(pool, *o.deliver))
+		cfg = &river.Config{Workers: ws, Queues: map[string]river.QueueConfig{alerts.QueueAlerts: {MaxWorkers: 5}},
+			FetchCooldown: 5 * time.Millisecond, FetchPollInterval: 20 * time.Millisecond}
+	}
+	rc, err := river.NewClient(riverpgxv5.New(pool), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.deliver != nil {
+		if err := rc.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = rc.StopAndCancel(sctx)
+		})
+	}
+	w.river = rc
+	w.svc = app.NewIngest(pool, rc, &app.Config{ReportMaxAttempts: 5, ReportBatchDelay: time.Second, IngestCoalesce: ingest.DefaultGroupsInFlight})
+	store := tenants.NewStore(pool)
+	c, err := store.Create(ctx, tenants.CreateParams{Name: "t", StripeCustomerID: "cus_alerts", IncludedInputTokens: o.in, IncludedOutputTokens: o.out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.tenant, w.key = c.ID, c.APIKey
+	p := tenants.UpdateParams{}
+	if o.alertAt != nil {
+		p.AlertAt = &o.alertAt
+	}
+	if o.url != "" {
+		p.AlertURL = &o.url
+	}
+	if p.AlertAt != nil || p.AlertURL != nil {
+		d, err := store.Update(ctx, c.ID, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.secret = d.AlertSecret
+		if o.url != "" && !strings.HasPrefix(w.secret, "whsec_") {
+			t.Fatalf("setting the URL answered secret %q", w.secret)
+		}
+	}
+	return w
+}
+
+var seq atomic.Int64
+
+func rid() *string {
+	s := fmt.Sprintf("r%d-%s", seq.Add(1), uuid.NewString()[:8])
+	return &s
+}
+
+func (w *world) single(t *testing.T, ts time.Time, in, out int64) uuid.UUID {
+	t.Helper()
+	key := uuid.NewString()
+	o, err := w.svc.Record(context.Background(), ingest.RecordParams{TenantID: w.tenant, Key: key, Fingerprint: []byte(key),
+		Event: &ingest.Event{RequestID: rid(), Timestamp: ts.UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o.UsageLogID
+}
+
+func (w *world) batch(ctx context.Context, n int, in, out int64) error {
+	key := uuid.NewString()
+	evs := make([]*ingest.Event, n)
+	for i := range evs {
+		evs[i] = &ingest.Event{RequestID: rid(), Timestamp: time.Now().UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: in, OutputTokens: out}
+	}
+	_, err := w.svc.RecordBatch(ctx, ingest.BatchParams{TenantID: w.tenant, Key: key, Fingerprint: []byte(key), Events: evs})
+	return err
+}
+
+func (w *world) correct(t *testing.T, id uuid.UUID, in, out int64) {
+	t.Helper()
+	key := uuid.NewString()
+	if _, err := w.svc.Correct(context.Background(), ingest.CorrectParams{UsageLogID: id, Key: key, Fingerprint: []byte(key),
+		InputTokens: in, OutputTokens: out, Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type eventRow struct {
+	meter  string
+	period time.Time
+	pct    int
+	used   int64
+}
+
+func (w *world) events(t *testing.T) []eventRow {
+	t.Helper()
+	rows, err := w.pool.Query(context.Background(), `SELECT meter, period_start, threshold_percent, used FROM alert_events
+		WHERE tenant_id = $1 ORDER BY period_start, meter, threshold_percent`, w.tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (eventRow, error) {
+		var e eventRow
+		err := r.Scan(&e.meter, &e.period, &e.pct, &e.used)
+		return e, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (w *world) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := w.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// 20 concurrent batches (and singles beside them) take the input meter
+// across 80% and 100%: exactly two events, each with one delivery job, and
+// the output meter, which stays below 80%, none.
+func TestConcurrentBatchesCrossEachThresholdOnce(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, worldOpts{in: 1000, out: 1000, alertAt: []int{80, 100}, url: "http://127.0.0.1:1/unused"})
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// 20 × 5 × 12 = 1,200 input tokens; 200 output tokens.
+			if err := w.batch(context.Background(), 5, 12, 2); err != nil {
+				errs <- fmt.Errorf("batch %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	ev := w.events(t)
+	if len(ev) != 2 || ev[0].meter != "input" || ev[0].pct != 80 || ev[1].meter != "input" || ev[1].pct != 100 {
+		t.Fatalf("events %+v, want input at 80 and at 100", ev)
+	}
+	if ev[0].used < 800 || ev[0].used >= 1000+60 || ev[1].used < 1000 {
+		t.Errorf("used at crossing %+v", ev)
+	}
+	if n := w.count(t, `SELECT count(*) FROM river_job WHERE kind = 'overage.deliver_alert'`); n != 2 {
+		t.Errorf("%d delivery jobs, want 2", n)
+	}
+}
+
+// A correction back below 80% and usage that crosses 80% again record no
+// second event; a correction that crosses upward counts like usage.
+func TestCorrectionBelowAndCrossingAgainRecordsNoSecondEvent(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, worldOpts{in: 1000, out: 1000, alertAt: []int{50, 80, 100}})
+	now := time.Now()
+	first := w.single(t, now, 850, 1) // crosses 50 and 80
+	if ev := w.events(t); len(ev) != 2 {
+		t.Fatalf("after 850 of 1000: events %+v, want 50 and 80", ev)
+	}
+	w.correct(t, first, 100, 1) // back to 100: below both
+	w.single(t, now, 800, 1)    // 900: across 50 and 80 again
+	if ev := w.events(t); len(ev) != 2 {
+		t.Fatalf("after crossing again: events %+v, want still two", ev)
+	}
+	w.correct(t, first, 250, 1) // 1,050: a correction that crosses 100
+	ev := w.events(t)
+	if len(ev) != 3 || ev[2].pct != 100 || ev[2].used != 1050 {
+		t.Fatalf("after the upward correction: events %+v, want 100 at 1050", ev)
+	}
+}
+
+// Streaming checkpoints cross like any usage.
+func TestCheckpointsCross(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}})
+	r := *rid()
+	for i, total := range []int64{50, 79, 81, 90} {
+		key := fmt.Sprintf("%s:%d", r, i)
+		if _, err := w.svc.Checkpoint(context.Background(), ingest.RecordParams{TenantID: w.tenant, Key: key, Fingerprint: []byte(key),
+			Event: &ingest.Event{RequestID: &r, Timestamp: time.Now().UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m",
+				InputTokens: total, OutputTokens: 1, Stream: &ingest.Checkpoint{Sequence: int64(i)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ev := w.events(t); len(ev) != 1 || ev[0].used != 81 {
+		t.Fatalf("events %+v, want one at 81", ev)
+	}
+}
+
+// A new period starts over: the same thresholds fire again in it.
+func TestNewPeriodStartsOver(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}})
+	now := time.Now().UTC()
+	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	w.single(t, month.Add(-time.Hour), 90, 1) // the previous month
+	w.single(t, now, 85, 1)
+	ev := w.events(t)
+	if len(ev) != 2 || !ev[0].period.Equal(month.AddDate(0, -1, 0)) || !ev[1].period.Equal(month) {
+		t.Fatalf("events %+v, want one in each of the periods starting %s and %s", ev, month.AddDate(0, -1, 0), month)
+	}
+}
+
+// Usage that crosses nothing costs no database work in Record: it is
+// given no transaction at all here.
+func TestRecordWithoutCrossingTouchesNoDatabase(t *testing.T) {
+	r := alerts.NewRecorder(nil)
+	p := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	for _, u := range []alerts.Usage{
+		{Meter: "input", PeriodStart: p, Included: 0, Before: 0, After: 50},       // no allowance
+		{Meter: "input", PeriodStart: p, Included: 100, Before: 100, After: 150},  // past the allowance
+		{Meter: "output", PeriodStart: p, Included: 100, Before: 90, After: 80},   // a correction down
+		{Meter: "output", PeriodStart: p, Included: 100, Before: 120, After: 120}, // no change
+	} {
+		if err := r.Record(context.Background(), nil, uuid.New(), u); err != nil {
+			t.Fatalf("%+v: %v", u, err)
+		}
+	}
+	var nilRec *alerts.Recorder
+	if err := nilRec.Record(context.Background(), nil, uuid.New(), alerts.Usage{Included: 10, After: 10}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLevel(t *testing.T) {
+	for _, c := range []struct {
+		included int64
+		pct      int
+		want     int64
+	}{{1000, 80, 800}, {3, 50, 2}, {1, 1, 1}, {9223372036854775807, 100, 9223372036854775807}, {9223372036854775807, 80, 7378697629483820646}} {
+		if got := alerts.Level(c.included, c.pct); got != c.want {
+			t.Errorf("Level(%d, %d) = %d, want %d", c.included, c.pct, got, c.want)
+		}
+	}
+}
+
+// receiver is an endpoint that answers from a script and records what it
+// got.
+type receiver struct {
+	mu       sync.Mutex
+	got      []delivery
+	answer   func(n int, r *http.Request) int
+	received chan struct{}
+}
+
+type delivery struct {
+	id, sig string
+	body    []byte
+	at      time.Time
+}
+
+func (rv *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	rv.mu.Lock()
+	rv.got = append(rv.got, delivery{id: r.Header.Get("Overage-Event-Id"), sig: r.Header.Get("Overage-Signature"), body: body, at: time.Now()})
+	n := len(rv.got)
+	rv.mu.Unlock()
+	w.WriteHeader(rv.answer(n, r))
+}
+
+func (rv *receiver) deliveries() []delivery {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	return append([]delivery(nil), rv.got...)
+}
+
+func fastDelivery() *alerts.DeliverConfig {
+	return &alerts.DeliverConfig{Timeout: 2 * time.Second, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}
+}
+
+// A receiver that answers 500 twice, then 200, gets three deliveries of
+// the one event, each with its id and a valid signature of its body.
+func TestDeliveryRetriesUntil2xx(t *testing.T) {
+	t.Parallel()
+	rv := &receiver{answer: func(n int, _ *http.Request) int {
+		if n <= 2 {
+			return http.StatusInternalServerError
+		}
+		return http.StatusOK
+	}}
+	srv := httptest.NewServer(rv)
+	defer srv.Close()
+	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}, url: srv.URL + "/hook", deliver: fastDelivery()})
+	w.single(t, time.Now(), 90, 1)
+	poll.Until(t, "the event delivered", 20*time.Second, func() bool {
+		return w.count(t, `SELECT count(*) FROM alert_events WHERE tenant_id = $1 AND delivery_status = 'delivered'`, w.tenant) == 1
+	})
+	got := rv.deliveries()
+	if len(got) != 3 {
+		t.Fatalf("%d deliveries, want 3", len(got))
+	}
+	for i, d := range got {
+		if d.id != got[0].id || !strings.HasPrefix(d.id, "evt_") {
+			t.Errorf("delivery %d has event id %q, the first %q", i, d.id, got[0].id)
+		}
+		if err := alerts.Verify(w.secret, d.sig, d.body, 5*time.Minute, time.Now()); err != nil {
+			t.Errorf("delivery %d: signature %q does not verify: %v", i, d.sig, err)
+		}
+		var ev alerts.Event
+		if err := json.Unmarshal(d.body, &ev); err != nil || ev.ID != d.id || ev.Type != "usage.threshold_crossed" ||
+			ev.Data.ThresholdPercent != 80 || ev.Data.Used != 90 || ev.Data.Included != 100 || ev.Data.Meter != "input" || ev.Data.TenantID != w.tenant {
+			t.Errorf("delivery %d body %s (%v)", i, d.body, err)
+		}
+		if string(d.body) != string(got[0].body) {
+			t.Errorf("delivery %d body differs from the first", i)
+		}
+	}
+	var outcomes string
+	if err := w.pool.QueryRow(context.Background(), `SELECT string_agg(outcome || ':' || coalesce(status_code::text, '-'), ',' ORDER BY attempt)
+		FROM alert_deliveries`).Scan(&outcomes); err != nil {
+		t.Fatal(err)
+	}
+	if outcomes != "retry:500,retry:500,delivered:200" {
+		t.Errorf("recorded attempts %s", outcomes)
+	}
+	// GET /v1/events shows it delivered.
+	l, err := alerts.Events(context.Background(), w.pool, w.tenant, uuid.Nil, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Data) != 1 || l.Data[0].ID != got[0].id || l.Data[0].Delivery.Status != "delivered" || l.Data[0].Delivery.Attempts != 3 {
+		t.Errorf("events list %+v", l)
+	}
+}
+
+// A receiver that hangs is cut at the timeout and the event retried.
+func TestHangingReceiverIsCutAtTheTimeoutAndRetried(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	defer close(release)
+	rv := &receiver{answer: func(n int, r *http.Request) int {
+		if n == 1 {
+			select { // hang until the deliverer gives up
+			case <-r.Context().Done():
+			case <-release:
+			}
+		}
+		return http.StatusNoContent
+	}}
+	srv := httptest.NewServer(rv)
+	defer srv.Close()
+	cfg := fastDelivery()
+	cfg.Timeout = 300 * time.Millisecond
+	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}, url: srv.URL, deliver: cfg})
+	w.single(t, time.Now(), 90, 1)
+	poll.Until(t, "the event delivered", 20*time.Second, func() bool {
+		return w.count(t, `SELECT count(*) FROM alert_events WHERE tenant_id = $1 AND delivery_status = 'delivered'`, w.tenant) == 1
+	})
+	var took time.Duration
+	var errText string
+	if err := w.pool.QueryRow(context.Background(), `SELECT extract(epoch FROM finished_at - started_at) * interval '1 second', error
+		FROM alert_deliveries WHERE attempt = 1`).Scan(&took, &errText); err != nil {
+		t.Fatal(err)
+	}
+	if took < 300*time.Millisecond || took > 2*time.Second || !strings.Contains(errText, "Timeout") && !strings.Contains(errText, "deadline") {
+		t.Errorf("first attempt took %s with error %q; want cut at 300ms", took, errText)
+	}
+	if got := rv.deliveries(); len(got) != 2 || got[0].id != got[1].id {
+		t.Errorf("deliveries %d, want 2 of one event", len(got))
+	}
+}
+
+// Past the retry window a delivery is failed, and counted as such.
+func TestDeliveryFailsAfterMaxAge(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(&receiver{answer: func(int, *http.Request) int { return http.StatusBadGateway }})
+	defer srv.Close()
+	cfg := fastDelivery()
+	cfg.MaxAge = 300 * time.Millisecond
+	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}, url: srv.URL, deliver: cfg})
+	w.single(t, time.Now(), 90, 1)
+	poll.Until(t, "the event failed", 20*time.Second, func() bool {
+		return w.count(t, `SELECT count(*) FROM alert_events WHERE tenant_id = $1 AND delivery_status = 'failed'`, w.tenant) == 1
+	})
+	if n := w.count(t, `SELECT count(*) FROM alert_deliveries WHERE outcome = 'failed'`); n != 1 {
+		t.Errorf("%d failed attempts recorded, want 1 (the last)", n)
+	}
+	// River records the job's end asynchronously: it is cancelled, not
+	// left to retry.
+	poll.Until(t, "the delivery job cancelled", 10*time.Second, func() bool {
+		return w.count(t, `SELECT count(*) FROM river_job WHERE kind = 'overage.deliver_alert' AND state = 'cancelled'`) == 1
+	})
+}
+
+func TestTamperedBodyFailsVerification(t *testing.T) {
+	body := []byte(`{"id":"evt_1","data":{"used":80500}}`)
+	now := time.Now()
+	sig := alerts.Sign("whsec_test", now, body)
+	if err := alerts.Verify("whsec_test", sig, body, 5*time.Minute, now); err != nil {
+		t.Fatalf("a genuine signature fails: %v", err)
+	}
+	tampered := []byte(strings.Replace(string(body), "80500", "1", 1))
+	for name, c := range map[string]struct {
+		secret, sig string
+		body        []byte
+		at          time.Time
+	}{
+		"tampered body": {"whsec_test", sig, tampered, now},
+		"other secret":  {"whsec_other", sig, body, now},
+		"too old":       {"whsec_test", sig, body, now.Add(10 * time.Minute)},
+		"no v1":         {"whsec_test", "t=1", body, now},
+		"garbage":       {"whsec_test", "nonsense", body, now},
+	} {
+		if err := alerts.Verify(c.secret, c.sig, c.body, 5*time.Minute, c.at); !errors.Is(err, alerts.ErrSignature) {
+			t.Errorf("%s: Verify = %v, want ErrSignature", name, err)
+		}
+	}
+}
