@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -463,5 +464,158 @@ func TestTamperedBodyFailsVerification(t *testing.T) {
 		if err := alerts.Verify(c.secret, c.sig, c.body, 5*time.Minute, c.at); !errors.Is(err, alerts.ErrSignature) {
 			t.Errorf("%s: Verify = %v, want ErrSignature", name, err)
 		}
+	}
+}
+
+func get(t *testing.T, h http.Handler, path, bearer string, v any) int {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if v != nil && rec.Code == http.StatusOK {
+		if err := json.Unmarshal(rec.Body.Bytes(), v); err != nil {
+			t.Fatalf("GET %s: %v: %s", path, err, rec.Body)
+		}
+	}
+	return rec.Code
+}
+
+const adminToken = "admin-token-of-at-least-thirty-two-characters"
+
+func handler(w *world) http.Handler {
+	r := chi.NewRouter()
+	alerts.NewHandler(alerts.HandlerConfig{DB: w.pool, Auth: tenants.NewStore(w.pool), AdminToken: adminToken,
+		EventNames: map[string]string{"input": "llm_input_tokens", "output": "llm_output_tokens"}}).Routes(r)
+	return r
+}
+
+// GET /v1/usage, read from counters, equals the sums over the usage logs
+// after singles, batches, checkpoints, corrections and billing, in the
+// current period and in an earlier one.
+func TestUsageEqualsTheSumOfTheLogs(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, worldOpts{in: 500, out: 300, alertAt: []int{80}})
+	ctx := context.Background()
+	now := time.Now().UTC()
+	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	var ids []uuid.UUID
+	for i := range 10 {
+		ids = append(ids, w.single(t, now, int64(40+i), int64(25+i)))
+	}
+	ids = append(ids, w.single(t, month.Add(-time.Minute), 700, 10)) // the previous month
+	var wg sync.WaitGroup
+	for range 5 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.batch(ctx, 7, 13, 9); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	r := *rid()
+	for i, total := range []int64{30, 60, 45} {
+		key := fmt.Sprintf("%s:%d", r, i)
+		if _, err := w.svc.Checkpoint(ctx, ingest.RecordParams{TenantID: w.tenant, Key: key, Fingerprint: []byte(key),
+			Event: &ingest.Event{RequestID: &r, Timestamp: now, UserID: "u", ModelID: "m", InputTokens: total, OutputTokens: total / 3,
+				Stream: &ingest.Checkpoint{Sequence: int64(i), Final: i == 2}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.correct(t, ids[0], 0, 0)
+	w.correct(t, ids[3], 400, 100)
+	// Bill some logs, as the report worker would.
+	if _, err := w.pool.Exec(ctx, `UPDATE usage_logs SET billing_status = 'billed', billed_at = now()
+		WHERE tenant_id = $1 AND billing_status = 'pending' AND id IN (SELECT id FROM usage_logs WHERE tenant_id = $1 ORDER BY id LIMIT 20)`, w.tenant); err != nil {
+		t.Fatal(err)
+	}
+	h := handler(w)
+	for _, period := range []time.Time{month, month.AddDate(0, -1, 0)} {
+		var want [2]alerts.MeterUsage
+		if err := w.pool.QueryRow(ctx, `SELECT coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),
+				coalesce(sum(overage_input_tokens), 0), coalesce(sum(overage_output_tokens), 0),
+				coalesce(sum(overage_input_tokens) FILTER (WHERE billing_status = 'billed'), 0),
+				coalesce(sum(overage_output_tokens) FILTER (WHERE billing_status = 'billed'), 0),
+				coalesce(sum(overage_input_tokens) FILTER (WHERE billing_status = 'pending'), 0),
+				coalesce(sum(overage_output_tokens) FILTER (WHERE billing_status = 'pending'), 0)
+			FROM usage_logs WHERE tenant_id = $1 AND period_start = $2`, w.tenant, period).Scan(
+			&want[0].Used, &want[1].Used, &want[0].Overage, &want[1].Overage, &want[0].Billed, &want[1].Billed, &want[0].Pending, &want[1].Pending); err != nil {
+			t.Fatal(err)
+		}
+		want[0].Meter, want[0].EventName, want[0].Included = "input", "llm_input_tokens", 500
+		want[1].Meter, want[1].EventName, want[1].Included = "output", "llm_output_tokens", 300
+		for i := range want {
+			want[i].Remaining = max(0, want[i].Included-want[i].Used)
+		}
+		if want[0].Used == 0 || want[0].Overage == 0 || want[0].Billed == 0 && period.Equal(month) {
+			t.Fatalf("the scenario is too thin to test anything: %+v", want)
+		}
+		path := "/v1/usage"
+		if !period.Equal(month) {
+			path += "?period_start=" + period.Format(time.RFC3339)
+		}
+		var got alerts.UsageReport
+		if code := get(t, h, path, w.key, &got); code != http.StatusOK {
+			t.Fatalf("GET %s: %d", path, code)
+		}
+		if got.TenantID != w.tenant || !got.Period.Start.Equal(period) || !got.Period.End.Equal(period.AddDate(0, 1, 0)) {
+			t.Errorf("GET %s: tenant %s period %+v", path, got.TenantID, got.Period)
+		}
+		if len(got.Meters) != 2 || got.Meters[0] != want[0] || got.Meters[1] != want[1] {
+			t.Errorf("GET %s:\n got  %+v\n want %+v", path, got.Meters, want)
+		}
+		// The administrator reads the same with ?tenant_id=.
+		var admin alerts.UsageReport
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		if code := get(t, h, path+sep+"tenant_id="+w.tenant.String(), adminToken, &admin); code != http.StatusOK || len(admin.Meters) != 2 || admin.Meters[0] != got.Meters[0] {
+			t.Errorf("admin GET %s: %d %+v", path, code, admin)
+		}
+	}
+	if code := get(t, h, "/v1/usage", "", nil); code != http.StatusUnauthorized {
+		t.Errorf("no key: %d, want 401", code)
+	}
+	if code := get(t, h, "/v1/usage", adminToken, nil); code != http.StatusUnprocessableEntity && code != http.StatusBadRequest {
+		t.Errorf("admin without tenant_id: %d, want 4xx", code)
+	}
+}
+
+// GET /v1/events pages newest first with ?starting_after=.
+func TestEventsPages(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, worldOpts{in: 1000, out: 1000, alertAt: []int{10, 20, 30, 40, 50}})
+	for range 5 {
+		w.single(t, time.Now(), 100, 1) // one threshold a call
+	}
+	h := handler(w)
+	var seen []string
+	path := "/v1/events?limit=2"
+	for page := 0; ; page++ {
+		var l alerts.EventList
+		if code := get(t, h, path, w.key, &l); code != http.StatusOK {
+			t.Fatalf("GET %s: %d", path, code)
+		}
+		for _, e := range l.Data {
+			seen = append(seen, fmt.Sprintf("%d:%s", e.Data.ThresholdPercent, e.Delivery.Status))
+		}
+		if !l.HasMore {
+			break
+		}
+		if page > 5 || l.NextStartingAfter == nil {
+			t.Fatalf("pages do not end: %+v", l)
+		}
+		path = "/v1/events?limit=2&starting_after=" + *l.NextStartingAfter
+	}
+	if got := strings.Join(seen, ","); got != "50:no_endpoint,40:no_endpoint,30:no_endpoint,20:no_endpoint,10:no_endpoint" {
+		t.Errorf("events %s, want newest first", got)
+	}
+	if code := get(t, h, "/v1/events?starting_after=nonsense", w.key, nil); code == http.StatusOK {
+		t.Errorf("a malformed starting_after answered 200")
 	}
 }
