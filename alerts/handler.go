@@ -62,8 +62,7 @@ func (h *Handler) tenant(r *http.Request) (uuid.UUID, error) {
 		v := r.URL.Query().Get("tenant_id")
 		id, err := uuid.Parse(v)
 		if err != nil {
-			return uuid.Nil, overage.Invalid([]overage.FieldError{{Field: "tenant_id", Detail: "is required with ADMIN_TOKEN and must be a tenant id"}},
-				"with ADMIN_TOKEN, name the tenant: ?tenant_id=")
+			return uuid.Nil, malformed("tenant_id", "is required with ADMIN_TOKEN and must be a tenant id (UUID)")
 		}
 		return id, nil
 	}
@@ -76,9 +75,15 @@ func (h *Handler) tenant(r *http.Request) (uuid.UUID, error) {
 		return uuid.Nil, err
 	}
 	if v := r.URL.Query().Get("tenant_id"); v != "" && v != id.String() {
-		return uuid.Nil, overage.Errorf(overage.EFORBIDDEN, "forbidden", "tenant_id names another tenant than the API key's")
+		return uuid.Nil, overage.Errorf(overage.EFORBIDDEN, "tenant-mismatch", "tenant_id names a tenant other than the API key's")
 	}
 	return id, nil
+}
+
+func malformed(field, detail string) error {
+	e := overage.Errorf(overage.EMALFORMED, "malformed-request", "the query parameter %s %s", field, detail)
+	e.Fields = []overage.FieldError{{Field: field, Detail: detail}}
+	return e
 }
 
 // MeterUsage is one meter's period so far.
@@ -174,7 +179,7 @@ func (h *Handler) usage(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("period_start"); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {
-			h.fail(w, r, overage.Invalid([]overage.FieldError{{Field: "period_start", Detail: "must be an RFC 3339 time"}}, "malformed period_start"))
+			h.fail(w, r, malformed("period_start", "must be an RFC 3339 time, the start of a period"))
 			return
 		}
 		t = t.UTC()
@@ -270,7 +275,7 @@ func (h *Handler) events(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("starting_after"); v != "" {
 		id, ok := ParseEventID(v)
 		if !ok {
-			h.fail(w, r, overage.Invalid([]overage.FieldError{{Field: "starting_after", Detail: "must be an event id (evt_...)"}}, "malformed starting_after"))
+			h.fail(w, r, malformed("starting_after", "must be the id of an event (evt_...)"))
 			return
 		}
 		after = id

@@ -1234,8 +1234,8 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 	// without a case here, or a case lost, fails.
 	for path, item := range f.doc.Paths.Map() {
 		for method, op := range item.Operations() {
-			if slices.Contains(op.Tags, "tenants") || slices.Contains(op.Tags, "integrations") {
-				continue // TestTenantAPIConformsToOpenAPI, TestLiteLLMAPIConformsToOpenAPI
+			if slices.Contains(op.Tags, "tenants") || slices.Contains(op.Tags, "integrations") || slices.Contains(op.Tags, "alerts") {
+				continue // TestTenantAPIConformsToOpenAPI, TestLiteLLMAPIConformsToOpenAPI, TestAlertsAPIConformsToOpenAPI
 			}
 			for status := range op.Responses.Map() {
 				if !f.seen[op.OperationID][status] {
