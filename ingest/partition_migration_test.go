@@ -60,7 +60,9 @@ func TestPartitioningMigrationUnderIngest(t *testing.T) {
 	waitFor(t, "ingest after the migration", func() bool { return load.recorded(t) >= before+during+300 })
 	keys := load.finish(t)
 
-	if len(res.Applied) != 3 || len(res.Partitions) == 0 {
+	// 0025-0027 first; the later migrations (alerts' tables and counters
+	// among them) run under the same load.
+	if len(res.Applied) < 3 || res.Applied[0].Version != 25 || res.Applied[2].Version != 27 || len(res.Partitions) == 0 {
 		t.Fatalf("migrate applied %d files and created partitions %v; want 0025-0027 and the week's days", len(res.Applied), res.Partitions)
 	}
 	var kind string
