@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/app"
@@ -40,11 +41,10 @@ type world struct {
 }
 
 type worldOpts struct {
-	in, out  int64 // allowance
-	alertAt  []int
-	url      string
-	deliver  *alerts.DeliverConfig // non-nil: run the delivery workers
-	noTenant bool
+	in, out int64 // allowance
+	alertAt []int
+	url     string
+	deliver *alerts.DeliverConfig // non-nil: run the delivery workers
 }
 
 func newWorld(t *testing.T, o worldOpts) *world {
@@ -75,12 +75,27 @@ func newWorld(t *testing.T, o worldOpts) *world {
 	}
 	w.river = rc
 	w.svc = app.NewIngest(pool, rc, &app.Config{ReportMaxAttempts: 5, ReportBatchDelay: time.Second, IngestCoalesce: ingest.DefaultGroupsInFlight})
-	store := tenants.NewStore(pool)
+	w.addTenant(t, o)
+	return w
+}
+
+// another is w with another tenant, in the same database and services.
+func (w *world) another(t *testing.T, o worldOpts) *world {
+	t.Helper()
+	w2 := *w
+	w2.addTenant(t, o)
+	return &w2
+}
+
+func (w *world) addTenant(t *testing.T, o worldOpts) {
+	t.Helper()
+	ctx := context.Background()
+	store := tenants.NewStore(w.pool)
 	c, err := store.Create(ctx, tenants.CreateParams{Name: "t", StripeCustomerID: "cus_alerts", IncludedInputTokens: o.in, IncludedOutputTokens: o.out})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.tenant, w.key = c.ID, c.APIKey
+	w.tenant, w.key, w.secret = c.ID, c.APIKey, ""
 	p := tenants.UpdateParams{}
 	if o.alertAt != nil {
 		p.AlertAt = &o.alertAt
@@ -98,7 +113,6 @@ func newWorld(t *testing.T, o worldOpts) *world {
 			t.Fatalf("setting the URL answered secret %q", w.secret)
 		}
 	}
-	return w
 }
 
 var seq atomic.Int64
@@ -387,7 +401,6 @@ func TestDeliveryRetriesUntil2xx(t *testing.T) {
 func TestHangingReceiverIsCutAtTheTimeoutAndRetried(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
-	defer close(release)
 	rv := &receiver{answer: func(n int, r *http.Request) int {
 		if n == 1 {
 			select { // hang until the deliverer gives up
@@ -398,7 +411,8 @@ func TestHangingReceiverIsCutAtTheTimeoutAndRetried(t *testing.T) {
 		return http.StatusNoContent
 	}}
 	srv := httptest.NewServer(rv)
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
 	cfg := fastDelivery()
 	cfg.Timeout = 300 * time.Millisecond
 	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}, url: srv.URL, deliver: cfg})
@@ -617,5 +631,168 @@ func TestEventsPages(t *testing.T) {
 	}
 	if code := get(t, h, "/v1/events?starting_after=nonsense", w.key, nil); code == http.StatusOK {
 		t.Errorf("a malformed starting_after answered 200")
+	}
+}
+
+// Singles, batches, stream checkpoints and corrections (down and up) race
+// across many thresholds: every threshold the total reached has exactly
+// one event, recorded with a total at or past it, and none other.
+func TestMixedRaceRecordsEachReachedThresholdOnce(t *testing.T) {
+	t.Parallel()
+	at := []int{10, 20, 30, 40, 50, 60, 70, 80, 90, 100}
+	w := newWorld(t, worldOpts{in: 10_000, out: 10_000, alertAt: at})
+	ctx := context.Background()
+	now := time.Now()
+	seed := make([]uuid.UUID, 4)
+	for i := range seed {
+		seed[i] = w.single(t, now, 300, 1) // 1,200: across 10%
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	do := func(f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	for i := range 8 {
+		do(func() error { return w.batch(ctx, 10, 50, 1) }) // 8 × 500
+		do(func() error {
+			key := uuid.NewString()
+			_, err := w.svc.Record(ctx, ingest.RecordParams{TenantID: w.tenant, Key: key, Fingerprint: []byte(key),
+				Event: &ingest.Event{RequestID: rid(), Timestamp: now.UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: 250, OutputTokens: 1}})
+			return err
+		}) // 8 × 250
+		do(func() error {
+			r := fmt.Sprintf("stream-%d-%s", i, uuid.NewString()[:6])
+			for n, total := range []int64{100, 200, 300} {
+				key := fmt.Sprintf("%s:%d", r, n)
+				if _, err := w.svc.Checkpoint(ctx, ingest.RecordParams{TenantID: w.tenant, Key: key, Fingerprint: []byte(key),
+					Event: &ingest.Event{RequestID: &r, Timestamp: now.UTC().Truncate(time.Microsecond), UserID: "u", ModelID: "m",
+						InputTokens: total, OutputTokens: 1, Stream: &ingest.Checkpoint{Sequence: int64(n), Final: n == 2}}}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}) // 8 × 300
+	}
+	for i, id := range seed {
+		corrected := int64(0) // down by 300 each...
+		if i%2 == 1 {
+			corrected = 900 // ...or up by 600
+		}
+		do(func() error {
+			key := uuid.NewString()
+			_, err := w.svc.Correct(ctx, ingest.CorrectParams{UsageLogID: id, Key: key, Fingerprint: []byte(key), InputTokens: corrected, OutputTokens: 1, Reason: "race"})
+			return err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	var total int64
+	if err := w.pool.QueryRow(ctx, `SELECT sum(input_tokens) FROM usage_logs WHERE tenant_id = $1`, w.tenant).Scan(&total); err != nil {
+		t.Fatal(err)
+	}
+	if total != 1200+4000+2000+2400+600 { // 10,200: past 100%
+		t.Fatalf("total %d", total)
+	}
+	ev := w.events(t)
+	if len(ev) != len(at) {
+		t.Fatalf("%d events, want one per threshold (%d): %+v", len(ev), len(at), ev)
+	}
+	for i, e := range ev {
+		if e.meter != "input" || e.pct != at[i] || e.used < alerts.Level(10_000, at[i]) {
+			t.Errorf("event %d: %+v", i, e)
+		}
+	}
+}
+
+// A tenant whose endpoint hangs holds up no other tenant's deliveries:
+// its attempts take at most PerTenant workers, each cut at the timeout.
+func TestHangingTenantDelaysNoOther(t *testing.T) {
+	t.Parallel()
+	hang := make(chan struct{})
+	var hung, inFlight, most atomic.Int64
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hung.Add(1)
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		select {
+		case <-r.Context().Done():
+		case <-hang:
+		}
+	}))
+	// Cleanups run last in, first out: the workers (registered below)
+	// stop first, then the hanging requests are let go, then the servers.
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(hang) })
+	fast := &receiver{answer: func(int, *http.Request) int { return http.StatusOK }}
+	fastSrv := httptest.NewServer(fast)
+	t.Cleanup(fastSrv.Close)
+	cfg := fastDelivery()
+	cfg.Timeout = 5 * time.Second
+	a := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{10, 20, 30, 40, 50, 60, 70, 80, 90, 100}, url: slow.URL, deliver: cfg})
+	a.single(t, time.Now(), 100, 100) // ten events of input, ten of output, to the hanging endpoint
+	poll.Until(t, "the hanging endpoint holding deliveries", 10*time.Second, func() bool { return hung.Load() >= 2 })
+	b := a.another(t, worldOpts{in: 100, out: 100, alertAt: []int{50}, url: fastSrv.URL})
+	start := time.Now()
+	b.single(t, time.Now(), 60, 1)
+	poll.Until(t, "the other tenant's event delivered", 4*time.Second, func() bool {
+		return len(fast.deliveries()) == 1
+	})
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("the other tenant's delivery took %s", d)
+	}
+	if n := most.Load(); n > 2 {
+		t.Errorf("%d attempts of the hanging tenant at once, want at most PerTenant (2)", n)
+	}
+}
+
+// Two runs of one event's job at once (a job rescued while its first run
+// still delivers) make one delivery: the second finds the lease taken.
+func TestNoTwoDeliveriesOfOneEventInFlight(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var got atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		<-release
+	}))
+	defer srv.Close()
+	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}, url: srv.URL})
+	w.single(t, time.Now(), 90, 1)
+	var id uuid.UUID
+	if err := w.pool.QueryRow(context.Background(), `SELECT id FROM alert_events WHERE tenant_id = $1`, w.tenant).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	d := alerts.NewDeliverer(w.pool, alerts.DeliverConfig{Timeout: 5 * time.Second, PerTenant: 10})
+	job := func(jobID int64) *river.Job[alerts.DeliverArgs] {
+		return &river.Job[alerts.DeliverArgs]{JobRow: &rivertype.JobRow{ID: jobID, Attempt: 1}, Args: alerts.DeliverArgs{EventID: id}}
+	}
+	first := make(chan error, 1)
+	go func() { first <- d.Work(context.Background(), job(1)) }()
+	poll.Until(t, "the first delivery in flight", 5*time.Second, func() bool { return got.Load() == 1 })
+	err := d.Work(context.Background(), job(2))
+	var snooze *river.JobSnoozeError
+	if !errors.As(err, &snooze) {
+		t.Errorf("a second run while the first delivers: %v, want a snooze", err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("the first run: %v", err)
+	}
+	if err := d.Work(context.Background(), job(3)); err != nil {
+		t.Errorf("a run after delivery: %v, want done", err)
+	}
+	if n := got.Load(); n != 1 {
+		t.Errorf("%d deliveries, want 1", n)
 	}
 }

@@ -115,7 +115,7 @@ type Deliverer struct {
 
 	mu       sync.Mutex
 	inFlight map[uuid.UUID]int
-	retryAt  sync.Map // job id -> time.Time, from Work to NextRetry
+	retryIn  sync.Map // job id -> time.Duration, from Work to NextRetry
 }
 
 // NewDeliverer returns the delivery worker.
@@ -146,10 +146,11 @@ func (d *Deliverer) Timeout(*river.Job[DeliverArgs]) time.Duration {
 	return d.cfg.Timeout + 20*time.Second
 }
 
-// NextRetry is the time Work chose for the next attempt.
+// NextRetry is when Work said to try again: its backoff from now (River
+// refuses a time already past, and would fall back to its own policy).
 func (d *Deliverer) NextRetry(job *river.Job[DeliverArgs]) time.Time {
-	if v, ok := d.retryAt.LoadAndDelete(job.ID); ok {
-		return v.(time.Time)
+	if v, ok := d.retryIn.LoadAndDelete(job.ID); ok {
+		return time.Now().Add(max(v.(time.Duration), time.Millisecond))
 	}
 	return time.Now().Add(d.backoff(job.Attempt))
 }
@@ -238,6 +239,7 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliverArgs]) error
 	finished := time.Now()
 	outcome, errText := OutcomeDelivered, ""
 	var next *time.Time
+	var retryIn time.Duration
 	if sendErr != nil {
 		errText = sendErr.Error()
 		deadline := ev.Created.Add(d.cfg.MaxAge)
@@ -245,11 +247,9 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliverArgs]) error
 			outcome = OutcomeFailed
 		} else {
 			outcome = OutcomeRetry
-			t := time.Now().Add(d.backoff(job.Attempt))
-			if t.After(deadline) {
-				t = deadline
-			}
-			next = &t
+			wait := min(d.backoff(job.Attempt), deadline.Sub(ev.now))
+			t := time.Now().Add(wait)
+			next, retryIn = &t, wait
 		}
 	}
 	var status *int
@@ -267,7 +267,7 @@ func (d *Deliverer) Work(ctx context.Context, job *river.Job[DeliverArgs]) error
 		d.cfg.Logger.Warn("alert delivery failed for good", "event_id", ev.ID, "tenant_id", ev.Data.TenantID, "err", sendErr)
 		return river.JobCancel(sendErr)
 	default:
-		d.retryAt.Store(job.ID, *next)
+		d.retryIn.Store(job.ID, retryIn)
 		return sendErr
 	}
 }
