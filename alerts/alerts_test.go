@@ -47,7 +47,9 @@ type worldOpts struct {
 	deliver *alerts.DeliverConfig // non-nil: run the delivery workers
 }
 
-func newWorld(t *testing.T, o worldOpts) *world {
+func newWorld(t *testing.T, o worldOpts) *world { return newWorldTB(t, o) }
+
+func newWorldTB(t testing.TB, o worldOpts) *world {
 	t.Helper()
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(t)
@@ -80,14 +82,16 @@ func newWorld(t *testing.T, o worldOpts) *world {
 }
 
 // another is w with another tenant, in the same database and services.
-func (w *world) another(t *testing.T, o worldOpts) *world {
+func (w *world) another(t *testing.T, o worldOpts) *world { return w.anotherTB(t, o) }
+
+func (w *world) anotherTB(t testing.TB, o worldOpts) *world {
 	t.Helper()
 	w2 := *w
 	w2.addTenant(t, o)
 	return &w2
 }
 
-func (w *world) addTenant(t *testing.T, o worldOpts) {
+func (w *world) addTenant(t testing.TB, o worldOpts) {
 	t.Helper()
 	ctx := context.Background()
 	store := tenants.NewStore(w.pool)
