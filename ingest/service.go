@@ -109,6 +109,9 @@ func (s *Service) SetCoalescing(inFlight int) {
 // they cross with r (nil: none).
 func (s *Service) SetAlerts(r *alerts.Recorder) { s.alerts = r }
 
+// Alerts is the Recorder SetAlerts set, or nil.
+func (s *Service) Alerts() *alerts.Recorder { return s.alerts }
+
 // Outcome is the response to send for a usage event.
 type Outcome struct {
 	Status int

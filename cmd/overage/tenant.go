@@ -211,6 +211,18 @@ func writeTenant(w io.Writer, d *tenants.Details) error {
 	} else {
 		fmt.Fprintf(tw, "suspended\tno\n")
 	}
+	alertURL := "none"
+	if d.AlertURL != nil {
+		alertURL = *d.AlertURL
+	}
+	at := make([]string, len(d.AlertAt))
+	for i, p := range d.AlertAt {
+		at[i] = strconv.Itoa(p) + "%"
+	}
+	if len(at) == 0 {
+		at = []string{"none"}
+	}
+	fmt.Fprintf(tw, "alerts	%s at %s of each meter's allowance\n", alertURL, strings.Join(at, ", "))
 	if err := tw.Flush(); err != nil {
 		return err
 	}

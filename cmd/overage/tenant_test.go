@@ -224,6 +224,9 @@ func TestTenantUpdateAlerts(t *testing.T) {
 	if shown["alert_secret"] != nil || shown["alert_url"] != "https://acme.example/hooks" {
 		t.Fatalf("show printed %v", shown)
 	}
+	if text, _, err := runCmd(t, env, "tenant", "show", id); err != nil || !strings.Contains(text, "https://acme.example/hooks at 80%, 100%") || strings.Contains(text, secret) {
+		t.Fatalf("tenant show: %v\n%s", err, text)
+	}
 	again := cli("tenant", "update", id, "--alert-url", "https://acme.example/v2")
 	if s, _ := again["alert_secret"].(string); !strings.HasPrefix(s, "whsec_") || s == secret {
 		t.Fatalf("a new URL did not issue a new secret: %v", again)
