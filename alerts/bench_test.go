@@ -2,6 +2,7 @@ package alerts_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/ingest"
 )
 
@@ -80,4 +82,42 @@ func (bw *benchWorld) drive(b *testing.B, clients int, d time.Duration) float64 
 	}
 	wg.Wait()
 	return float64(n.Load()) / d.Seconds()
+}
+
+// BenchmarkUsage reads GET /v1/usage's answer (ReadUsage) for a tenant
+// with usage spread over every ingest slot and billing status, and
+// reports its p50 and p99. Its cost does not grow with the number of
+// usage logs: it reads counters (at most 65 allowance rows and 5 × 66
+// period counter rows a period), never the logs.
+func BenchmarkUsage(b *testing.B) {
+	w := newWorldTB(b, worldOpts{in: 1000, out: 1000})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 50 {
+				if err := w.batch(context.Background(), 20, 7, 3); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := w.pool.Exec(context.Background(), `UPDATE usage_logs SET billing_status = 'billed' WHERE id IN (SELECT id FROM usage_logs WHERE billing_status = 'pending' LIMIT 5000)`); err != nil {
+		b.Fatal(err)
+	}
+	ds := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		if _, err := alerts.ReadUsage(context.Background(), w.pool, w.tenant, nil, nil); err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, time.Since(start))
+	}
+	slices.Sort(ds)
+	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(ds[len(ds)*99/100].Microseconds())/1000, "p99-ms")
 }
