@@ -46,7 +46,20 @@ type Tenant struct {
 	StripeCustomerID     string    `json:"stripe_customer_id"`
 	IncludedInputTokens  int64     `json:"included_input_tokens"`
 	IncludedOutputTokens int64     `json:"included_output_tokens"`
-	CreatedAt            time.Time `json:"created_at"`
+	// Included is the allowance per meter key: "input" and "output" are
+	// the two fields above, the other meters' come from included_meters.
+	Included  map[string]int64 `json:"included"`
+	CreatedAt time.Time        `json:"created_at"`
+}
+
+// Principal is who a tenant API key speaks for, as one lookup of the key
+// reads it: the tenant, the key (recorded on what the key changes, such as
+// a correction's corrected_by) and whether the tenant is suspended (its
+// Stripe customer was deleted, so nothing it sends could be billed).
+type Principal struct {
+	TenantID  uuid.UUID
+	KeyID     uuid.UUID
+	Suspended bool
 }
 
 // UsageLog is one recorded LLM call and what of it is billable overage.
@@ -68,11 +81,17 @@ type UsageLog struct {
 	FirstAttemptAt *time.Time    `json:"first_attempt_at,omitempty"`
 	BillingMessage *string       `json:"billing_message,omitempty"`
 	StripeEvents   []StripeEvent `json:"stripe_meter_events,omitempty"`
+	// Meters is one line per meter the log feeds: the two default meters
+	// first, then any other (see Catalog.Route).
+	Meters []MeterLine `json:"meters,omitempty"`
 	// Kind is "usage", or "correction" for a log that corrects another
 	// (Corrects) by the token difference it holds.
 	Kind     string     `json:"kind"`
 	Corrects *uuid.UUID `json:"corrects,omitempty"`
 	Reason   *string    `json:"reason,omitempty"`
+	// CorrectedBy is who made a correction: the id of the tenant's API
+	// key, or "admin" (ADMIN_TOKEN, the CLI). Shown on corrections only.
+	CorrectedBy *string `json:"corrected_by,omitempty"`
 	// CorrectedTotals and Corrections are shown on a read of a usage log
 	// (not a correction): its tokens plus its corrections', and those.
 	CorrectedTotals *Overage   `json:"corrected_totals,omitempty"`

@@ -2,7 +2,6 @@ package alerts
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/dberr"
@@ -20,7 +18,7 @@ import (
 
 // Authenticator resolves a tenant API key to its tenant.
 type Authenticator interface {
-	Authenticate(ctx context.Context, apiKey string) (uuid.UUID, error)
+	Authenticate(ctx context.Context, apiKey string) (overage.Principal, error)
 }
 
 // HandlerConfig wires a Handler.
@@ -70,10 +68,11 @@ func (h *Handler) tenant(r *http.Request) (uuid.UUID, error) {
 	if !ok {
 		return uuid.Nil, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "send the tenant API key as Authorization: Bearer <key>")
 	}
-	id, err := h.cfg.Auth.Authenticate(r.Context(), key)
+	pr, err := h.cfg.Auth.Authenticate(r.Context(), key)
 	if err != nil {
 		return uuid.Nil, err
 	}
+	id := pr.TenantID // a suspended tenant still reads its usage and events
 	if v := r.URL.Query().Get("tenant_id"); v != "" && v != id.String() {
 		return uuid.Nil, overage.Errorf(overage.EFORBIDDEN, "tenant-mismatch", "tenant_id names a tenant other than the API key's")
 	}
@@ -113,10 +112,12 @@ type UsageReport struct {
 
 // usageSQL reads a tenant's period so far from counters only: the period
 // (the Stripe subscription period covering now, or starting at $2, else
-// the calendar month in UTC), the allowance, the period's totals
-// (allowance_usage, summed over slots) and its overage by billing status
-// (period_counters, summed over slots). A few index probes whatever the
-// number of usage logs.
+// the calendar month in UTC), then per meter — the defaults, every meter
+// the tenant has an allowance on, every meter with usage in the period —
+// its allowance, the period's total (allowance_usage for the defaults,
+// meter_usage for the others, summed over slots) and its overage by
+// billing status (period_counters, summed over slots). A few index probes
+// whatever the number of usage logs. No row: no such tenant.
 const usageSQL = `
 	WITH sub AS (
 		SELECT s.current_period_start AS start, s.current_period_end AS fin FROM tenant_subscriptions s
@@ -127,45 +128,64 @@ const usageSQL = `
 	), p AS (
 		SELECT coalesce((SELECT start FROM sub), $2::timestamptz, date_trunc('month', now(), 'UTC')) AS start,
 		       (SELECT fin FROM sub) AS fin
+	), t AS (
+		SELECT included_input_tokens, included_output_tokens, included_meters FROM tenants WHERE id = $1
+	), used AS (
+		SELECT 'input'::text AS meter, sum(a.input_tokens) AS n FROM allowance_usage a, p WHERE a.tenant_id = $1 AND a.period_start = p.start
+		UNION ALL
+		SELECT 'output', sum(a.output_tokens) FROM allowance_usage a, p WHERE a.tenant_id = $1 AND a.period_start = p.start
+		UNION ALL
+		SELECT m.meter, sum(m.tokens) FROM meter_usage m, p WHERE m.tenant_id = $1 AND m.period_start = p.start GROUP BY m.meter
+	), over AS (
+		SELECT c.meter, sum(c.overage_tokens) AS o,
+		       sum(c.overage_tokens) FILTER (WHERE c.billing_status = 'billed') AS b,
+		       sum(c.overage_tokens) FILTER (WHERE c.billing_status = 'pending') AS q
+		FROM period_counters c, p WHERE c.tenant_id = $1 AND c.period_start = p.start GROUP BY c.meter
+	), keys AS (
+		SELECT 'input'::text AS meter UNION SELECT 'output'
+		UNION SELECT k FROM t, jsonb_object_keys(t.included_meters) AS k
+		UNION SELECT meter FROM used WHERE n IS NOT NULL
+		UNION SELECT meter FROM over
 	)
-	SELECT p.start,
-		coalesce(p.fin, ((p.start AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC'),
-		t.included_input_tokens, t.included_output_tokens,
-		coalesce((SELECT sum(a.input_tokens) FROM allowance_usage a WHERE a.tenant_id = $1 AND a.period_start = p.start), 0)::bigint,
-		coalesce((SELECT sum(a.output_tokens) FROM allowance_usage a WHERE a.tenant_id = $1 AND a.period_start = p.start), 0)::bigint,
-		coalesce(c.oi, 0)::bigint, coalesce(c.oo, 0)::bigint, coalesce(c.bi, 0)::bigint, coalesce(c.bo, 0)::bigint,
-		coalesce(c.pi, 0)::bigint, coalesce(c.po, 0)::bigint
-	FROM p CROSS JOIN tenants t
-	LEFT JOIN LATERAL (
-		SELECT sum(overage_input_tokens) AS oi, sum(overage_output_tokens) AS oo,
-		       sum(overage_input_tokens) FILTER (WHERE billing_status = 'billed') AS bi,
-		       sum(overage_output_tokens) FILTER (WHERE billing_status = 'billed') AS bo,
-		       sum(overage_input_tokens) FILTER (WHERE billing_status = 'pending') AS pi,
-		       sum(overage_output_tokens) FILTER (WHERE billing_status = 'pending') AS po
-		FROM period_counters pc WHERE pc.tenant_id = $1 AND pc.period_start = p.start
-	) c ON true
-	WHERE t.id = $1`
+	SELECT p.start, coalesce(p.fin, ((p.start AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC'),
+		k.meter, coalesce(me.event_name, ''),
+		CASE k.meter WHEN 'input' THEN t.included_input_tokens WHEN 'output' THEN t.included_output_tokens
+			ELSE coalesce((t.included_meters ->> k.meter)::bigint, 0) END,
+		coalesce(u.n, 0)::bigint, coalesce(o.o, 0)::bigint, coalesce(o.b, 0)::bigint, coalesce(o.q, 0)::bigint
+	FROM keys k CROSS JOIN p CROSS JOIN t
+	LEFT JOIN used u ON u.meter = k.meter
+	LEFT JOIN over o ON o.meter = k.meter
+	LEFT JOIN meters me ON me.key = k.meter
+	ORDER BY k.meter NOT IN ('input', 'output'), k.meter = 'output', k.meter COLLATE "C"`
 
 // ReadUsage reads a tenant's period so far; periodStart nil is the current
-// period.
+// period. eventNames names the default meters' Stripe meter event names
+// (the catalog holds the others').
 func ReadUsage(ctx context.Context, db overage.DB, tenantID uuid.UUID, periodStart *time.Time, eventNames map[string]string) (*UsageReport, error) {
-	rep := &UsageReport{TenantID: tenantID}
-	var in, out MeterUsage
-	err := db.QueryRow(ctx, usageSQL, tenantID, periodStart).Scan(&rep.Period.Start, &rep.Period.End,
-		&in.Included, &out.Included, &in.Used, &out.Used, &in.Overage, &out.Overage, &in.Billed, &out.Billed, &in.Pending, &out.Pending)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, overage.NotFound("tenant %s not found", tenantID)
-	}
+	rows, err := db.Query(ctx, usageSQL, tenantID, periodStart)
 	if err != nil {
 		return nil, fmt.Errorf("read usage: %w", err)
 	}
-	rep.Period.Start, rep.Period.End = rep.Period.Start.UTC(), rep.Period.End.UTC()
-	in.Meter, out.Meter = MeterInput, MeterOutput
-	for _, m := range []*MeterUsage{&in, &out} {
-		m.EventName = eventNames[m.Meter]
+	defer rows.Close()
+	rep := &UsageReport{TenantID: tenantID, Meters: []MeterUsage{}}
+	for rows.Next() {
+		var m MeterUsage
+		if err := rows.Scan(&rep.Period.Start, &rep.Period.End, &m.Meter, &m.EventName, &m.Included, &m.Used, &m.Overage, &m.Billed, &m.Pending); err != nil {
+			return nil, fmt.Errorf("read usage: %w", err)
+		}
+		if m.EventName == "" {
+			m.EventName = eventNames[m.Meter]
+		}
 		m.Remaining = max(0, m.Included-m.Used)
+		rep.Meters = append(rep.Meters, m)
 	}
-	rep.Meters = []MeterUsage{in, out}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read usage: %w", err)
+	}
+	if len(rep.Meters) == 0 {
+		return nil, overage.NotFound("tenant %s not found", tenantID)
+	}
+	rep.Period.Start, rep.Period.End = rep.Period.Start.UTC(), rep.Period.End.UTC()
 	return rep, nil
 }
 

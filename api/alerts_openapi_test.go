@@ -16,9 +16,15 @@ func TestAlertsAPIConformsToOpenAPI(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	ctx := context.Background()
-	at := []int{10, 20} // alice has used 90 tokens: this crosses 100 and 200
+	// Whatever alice used before, one event of 3U+300 tokens takes her
+	// input meter across 50% and 100% of an allowance of 2U+200.
+	var used int64
+	if err := f.db.QueryRow(ctx, `SELECT coalesce(sum(input_tokens), 0)::bigint FROM allowance_usage WHERE tenant_id = $1`, f.alice.ID).Scan(&used); err != nil {
+		t.Fatal(err)
+	}
+	at := []int{50, 100}
 	url := "http://127.0.0.1:1/hook"
-	var allowance int64 = 1000
+	allowance := 2*used + 200
 	d, err := tenants.NewStore(f.db).Update(ctx, f.alice.ID, tenants.UpdateParams{AlertAt: &at, AlertURL: &url, IncludedInputTokens: &allowance})
 	if err != nil || d.AlertSecret == "" {
 		t.Fatalf("set alerts: %v %+v", err, d)
@@ -27,7 +33,7 @@ func TestAlertsAPIConformsToOpenAPI(t *testing.T) {
 	var next string
 	cases := []apiCase{
 		{name: "202 usage that crosses two thresholds", status: 202,
-			req: func(f *fixture) call { return post(alice(f), "k-alerts-1", event(150, 5)) }},
+			req: func(f *fixture) call { return post(alice(f), "k-alerts-1", event(int(3*used+300), 5)) }},
 		{name: "200 usage", status: 200,
 			req: func(f *fixture) call { return get("/v1/usage", alice(f)) },
 			check: func(t *testing.T, f *fixture, r *result) {

@@ -81,6 +81,8 @@ func TestLiteLLMAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call { return litellmCall(alice(f), `[{"id":`) }},
 		{name: "401 no API key", status: 401, problem: "unauthorized", docRefuses: true,
 			req: func(f *fixture) call { return litellmCall("", delivery) }},
+		{name: "403 a suspended tenant", status: 403, problem: "tenant-suspended",
+			req: func(f *fixture) call { return litellmCall(f.suspended.APIKey, delivery) }},
 		{name: "422 a successful call without model", status: 422, problem: "validation-failed", field: "[0].model",
 			req: func(f *fixture) call {
 				return litellmCall(alice(f), strings.Replace(litellmPayload("chatcmpl-ll-4", "success", 5, 5), `"model":"gpt-4o"`, `"model":""`, 1))

@@ -303,7 +303,11 @@ type fixture struct {
 	proxy *pgtest.Proxy
 
 	alice, bob, capped *tenants.Created
-	revokedKey         string
+	// suspended is a tenant whose Stripe customer was deleted; suspendedID
+	// is a log it recorded before.
+	suspended   *tenants.Created
+	suspendedID string
+	revokedKey  string
 
 	body1, body1Reordered string
 	logID                 string
@@ -311,6 +315,7 @@ type fixture struct {
 	batchBody             []byte
 	billedID, failedID    string
 	reviewID, freeID      string
+	closedID              string
 
 	lockTx       pgx.Tx
 	inflightCall call
@@ -373,6 +378,23 @@ func newFixture(t *testing.T) *fixture {
 		first_attempt_at = now(), billing_message = 'No such customer: ''cus_alice''' WHERE id = $1`)
 	f.reviewID = f.seed(t, "seed-review", event(20, 2), `UPDATE usage_logs SET billing_status = 'needs_review',
 		first_attempt_at = now() - interval '25 hours', input_accepted_at = now() - interval '25 hours' WHERE id = $1`)
+	// A log of a billing period that closed weeks ago, its tokens in that
+	// period's total.
+	f.closedID = f.seed(t, "seed-closed", event(25, 5), `WITH u AS (
+			UPDATE usage_logs SET period_start = date_trunc('month', now() - interval '40 days', 'UTC') WHERE id = $1
+			RETURNING tenant_id, period_start, input_tokens, output_tokens)
+		INSERT INTO allowance_usage (tenant_id, period_start, slot, input_tokens, output_tokens)
+		SELECT tenant_id, period_start, 0, input_tokens, output_tokens FROM u`)
+
+	f.suspended = srv.Tenant(t, "suspended", 0, 0)
+	r, err := f.send(ctx, post(f.suspended.APIKey, "before-suspension", event(10, 5)))
+	if err != nil || r.status != http.StatusAccepted {
+		t.Fatalf("seed the suspended tenant's log: %v %+v", err, r)
+	}
+	f.suspendedID = r.json(t)["id"].(string)
+	if _, err := direct.Exec(ctx, `UPDATE tenants SET suspended_at = now(), suspended_reason = 'Stripe customer deleted; tenant suspended' WHERE id = $1`, f.suspended.ID); err != nil {
+		t.Fatal(err)
+	}
 	return f
 }
 
@@ -627,6 +649,13 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 		{name: "409 key reused with another body", status: 409, problem: "idempotency-key-reused",
 			req:   func(f *fixture) call { return post(alice(f), "k-1", event(11, 5)) },
 			check: noRetryAfter},
+		// The meter operations are TestMeterAPIConformsToOpenAPI's; this
+		// one answers meter-exists here too, creating nothing (the default
+		// input meter has every model already).
+		{name: "409 a second input meter of every model", status: 409, problem: "meter-exists",
+			req: func(f *fixture) call {
+				return jsonCall(http.MethodPost, "/v1/meters", `{"key":"every_input","event_name":"e","token_type":"input","models":["*"]}`)
+			}},
 		{name: "200 duplicate request_id under another key", status: 200,
 			req: func(f *fixture) call { return post(alice(f), "k-2", f.body1) },
 			check: func(t *testing.T, f *fixture, r *result) {
@@ -933,7 +962,8 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call { return correct(alice(f), "c-1", f.logID, 0, 0) },
 			check: func(t *testing.T, f *fixture, r *result) {
 				m := r.json(t)
-				if m["kind"] != "correction" || m["corrects"] != f.logID || m["stripe_timestamp"] != "original" || m["billing_status"] != "pending" {
+				if m["kind"] != "correction" || m["corrects"] != f.logID || m["stripe_timestamp"] != "original" || m["billing_status"] != "pending" ||
+					m["corrected_by"] != f.alice.APIKeyID.String() {
 					t.Fatalf("correction answer = %s", r.body)
 				}
 				correctionBody = r.body
@@ -961,7 +991,38 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 		{name: "422 correction below zero", status: 422, problem: "validation-failed", field: "input_tokens", docRefuses: true,
 			req: func(f *fixture) call { return correct(alice(f), "c-2", f.logID, -1, 0) }},
 		{name: "202 correction by the admin token", status: 202,
-			req: func(f *fixture) call { return correct(apitest.AdminToken, "c-3", f.logID, 2, 1) }},
+			req: func(f *fixture) call { return correct(apitest.AdminToken, "c-3", f.logID, 2, 1) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if by := r.json(t)["corrected_by"]; by != "admin" {
+					t.Fatalf("corrected_by %v, want admin", by)
+				}
+			}},
+		{name: "403 correction of a closed period with the tenant's key", status: 403, problem: "period-closed",
+			req: func(f *fixture) call { return correct(alice(f), "c-closed", f.closedID, 0, 0) }},
+		{name: "202 correction of a closed period by the admin token", status: 202,
+			req: func(f *fixture) call { return correct(apitest.AdminToken, "c-closed", f.closedID, 0, 0) },
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); m["corrected_by"] != "admin" || m["stripe_timestamp"] != "correction" {
+					t.Fatalf("correction of a closed period = %s", r.body)
+				}
+			}},
+		{name: "403 correction by a suspended tenant", status: 403, problem: "tenant-suspended",
+			req: func(f *fixture) call { return correct(f.suspended.APIKey, "c-susp", f.suspendedID, 0, 0) }},
+
+		// A suspended tenant records nothing, and reads what it recorded.
+		{name: "403 usage event of a suspended tenant", status: 403, problem: "tenant-suspended",
+			req: func(f *fixture) call { return post(f.suspended.APIKey, "k-susp", event(10, 5)) }},
+		{name: "403 batch of a suspended tenant", status: 403, problem: "tenant-suspended",
+			req: func(f *fixture) call {
+				return postBatch(f.suspended.APIKey, "kb-susp", batchOf(withRID("b-susp", 10, 5)))
+			}},
+		{name: "200 a suspended tenant reads its log", status: 200,
+			req: func(f *fixture) call { return get("/v1/usage-events/"+f.suspendedID, f.suspended.APIKey) }},
+		{name: "503 lifting a suspension on a server without Stripe", status: 503, problem: "stripe-unavailable",
+			req: func(f *fixture) call {
+				return jsonCall(http.MethodPatch, "/v1/tenants/"+f.suspended.ID.String(), `{"stripe_customer_id":"cus_new"}`)
+			},
+			check: retryAfter},
 
 		// Health.
 		{name: "200 healthz", status: 200, req: func(f *fixture) call { return get("/healthz", "") }},
@@ -1234,8 +1295,8 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 	// without a case here, or a case lost, fails.
 	for path, item := range f.doc.Paths.Map() {
 		for method, op := range item.Operations() {
-			if slices.Contains(op.Tags, "tenants") || slices.Contains(op.Tags, "integrations") || slices.Contains(op.Tags, "alerts") {
-				continue // TestTenantAPIConformsToOpenAPI, TestLiteLLMAPIConformsToOpenAPI, TestAlertsAPIConformsToOpenAPI
+			if slices.Contains(op.Tags, "tenants") || slices.Contains(op.Tags, "integrations") || slices.Contains(op.Tags, "meters") || slices.Contains(op.Tags, "alerts") {
+				continue // TestTenantAPIConformsToOpenAPI, TestLiteLLMAPIConformsToOpenAPI, TestMeterAPIConformsToOpenAPI, TestAlertsAPIConformsToOpenAPI
 			}
 			for status := range op.Responses.Map() {
 				if !f.seen[op.OperationID][status] {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
 // noRedirects sends requests as the cases write them and returns each
@@ -99,6 +100,17 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 		}
 	}
 
+	emu := emulator.New(emulator.Options{})
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emu.Close)
+	emu.AddCustomer("cus_globex_2")
+	withStripe := apitest.StartWith(t, f.srv.Pool, f.srv.DBURL, apitest.Options{StripeAPIBase: base})
+	// Nothing listens on port 1 of loopback: the connection is refused.
+	stripeDown := apitest.StartWith(t, f.srv.Pool, f.srv.DBURL, apitest.Options{StripeAPIBase: "http://127.0.0.1:1"})
+
 	cases := []apiCase{
 		{name: "201 create tenant", status: 201,
 			req: admin(http.MethodPost, "/v1/tenants", `{"name":"Globex","stripe_customer_id":"cus_globex","included_input_tokens":100}`),
@@ -123,6 +135,15 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 			req: admin(http.MethodPost, "/v1/tenants", `{"name":"x","stripe_customer_id":"acme"}`)},
 		{name: "422 create tenant, blank name", status: 422, problem: "validation-failed", field: "name",
 			req: admin(http.MethodPost, "/v1/tenants", `{"name":"  ","stripe_customer_id":"cus_x"}`)},
+		{name: "201 create tenant with an allowance per meter", status: 201,
+			req: admin(http.MethodPost, "/v1/tenants", `{"name":"Initech","stripe_customer_id":"cus_initech","included_output_tokens":3,"included":{"input":5}}`),
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); fmt.Sprint(m["included"]) != "map[input:5 output:3]" || m["included_input_tokens"] != 5.0 {
+					t.Fatalf("created: %s", r.body)
+				}
+			}},
+		{name: "422 create tenant, an allowance of no meter", status: 422, problem: "validation-failed", field: "included.nope",
+			req: admin(http.MethodPost, "/v1/tenants", `{"name":"x","stripe_customer_id":"cus_x","included":{"nope":5}}`)},
 
 		{name: "200 list tenants", status: 200, req: admin(http.MethodGet, "/v1/tenants", ""),
 			check: func(t *testing.T, f *fixture, r *result) {
@@ -202,6 +223,44 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 			req: with(http.MethodPatch, tenantPath(""), `{"alert_at":[0,101]}`)},
 		{name: "422 update, alert URL not http", status: 422, problem: "validation-failed", field: "alert_url",
 			req: with(http.MethodPatch, tenantPath(""), `{"alert_url":"ftp://example.com"}`)},
+		{name: "200 update an allowance per meter", status: 200, req: with(http.MethodPatch, tenantPath(""), `{"included":{"output":7}}`),
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); fmt.Sprint(m["included"]) != "map[input:5000 output:7]" || m["included_output_tokens"] != 7.0 {
+					t.Fatalf("updated: %s", r.body)
+				}
+			}},
+		{name: "422 update, a negative allowance", status: 422, problem: "validation-failed", field: "included.input", docRefuses: true,
+			req: with(http.MethodPatch, tenantPath(""), `{"included":{"input":-1}}`)},
+		// A suspended tenant is lifted by a customer Stripe knows, asked
+		// with GET /v1/customers/{id} on the servers that have Stripe.
+		{name: "422 lift with a customer Stripe does not know", status: 422, problem: "validation-failed", field: "stripe_customer_id",
+			before: func(t *testing.T, f *fixture) {
+				if _, err := f.db.Exec(t.Context(), `UPDATE tenants SET suspended_at = now(), suspended_reason = 'Stripe customer deleted; tenant suspended' WHERE id = $1`, id); err != nil {
+					t.Fatal(err)
+				}
+			},
+			req: func(f *fixture) call {
+				c := jsonCall(http.MethodPatch, "/v1/tenants/"+id, `{"stripe_customer_id":"cus_nobody"}`)
+				c.base = withStripe.URL
+				return c
+			}},
+		{name: "503 lift while Stripe does not answer", status: 503, problem: "stripe-unavailable", check: retryAfter,
+			req: func(f *fixture) call {
+				c := jsonCall(http.MethodPatch, "/v1/tenants/"+id, `{"stripe_customer_id":"cus_globex_2"}`)
+				c.base = stripeDown.URL
+				return c
+			}},
+		{name: "200 lift with a customer Stripe knows", status: 200,
+			req: func(f *fixture) call {
+				c := jsonCall(http.MethodPatch, "/v1/tenants/"+id, `{"stripe_customer_id":"cus_globex_2"}`)
+				c.base = withStripe.URL
+				return c
+			},
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); m["suspended_at"] != nil || m["suspended_reason"] != nil || m["stripe_customer_id"] != "cus_globex_2" {
+					t.Fatalf("after the lift: %s", r.body)
+				}
+			}},
 		{name: "400 update, unknown field", status: 400, problem: "malformed-request", field: "body", docRefuses: true,
 			req: with(http.MethodPatch, tenantPath(""), `{"included_input_token":5}`)},
 		{name: "422 update, nothing to change", status: 422, problem: "validation-failed", field: "body", docRefuses: true,

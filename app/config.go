@@ -48,6 +48,10 @@ type Config struct {
 	// TenantMaxInflight is how many requests of one tenant serve executes
 	// at once (TENANT_MAX_INFLIGHT); beyond it 429 tenant-busy.
 	TenantMaxInflight int
+	// PeriodCloseGrace is how long after a billing period ends it stays
+	// open (PERIOD_CLOSE_GRACE); a closed period's logs are corrected by
+	// an administrator only.
+	PeriodCloseGrace time.Duration
 }
 
 // MinAdminTokenLen is the shortest ADMIN_TOKEN accepted: the token opens
@@ -161,6 +165,7 @@ func ReadConfig(getenv func(string) string) (*Config, BadVars) {
 	}
 	c.TenantMaxInflight = num("TENANT_MAX_INFLIGHT", DefaultTenantMaxInflight)
 	c.StreamIdleTimeout = dur("STREAM_IDLE_TIMEOUT", workers.DefaultStreamIdleTimeout)
+	c.PeriodCloseGrace = dur("PERIOD_CLOSE_GRACE", ingest.DefaultPeriodCloseGrace)
 	c.IngestCoalesce = ingest.DefaultGroupsInFlight
 	if v := getenv("INGEST_COALESCE"); v != "" {
 		n, err := strconv.Atoi(v)

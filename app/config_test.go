@@ -29,6 +29,8 @@ func TestConfigRefusesUnsafeLimits(t *testing.T) {
 		{"ADMIN_TOKEN", "q7Zk"},
 		{"TENANT_MAX_INFLIGHT", "0"},
 		{"TENANT_MAX_INFLIGHT", "eight"},
+		{"PERIOD_CLOSE_GRACE", "an hour"},
+		{"PERIOD_CLOSE_GRACE", "-1h"},
 	} {
 		_, err := app.LoadConfig(envOf(map[string]string{tc.name: tc.value}))
 		if err == nil || !strings.Contains(err.Error(), tc.name) {
@@ -47,8 +49,9 @@ func TestConfigRefusesUnsafeLimits(t *testing.T) {
 		{map[string]string{"STRIPE_IDEMPOTENCY_WINDOW": "1h"}, func(c *app.Config) bool { return c.StripeIdempotencyWindow == time.Hour }},
 		{map[string]string{"ADMIN_TOKEN": shortToken + "x"}, func(c *app.Config) bool { return c.AdminToken == shortToken+"x" }},
 		{map[string]string{}, func(c *app.Config) bool {
-			return c.AdminToken == "" && c.TenantMaxInflight == app.DefaultTenantMaxInflight
+			return c.AdminToken == "" && c.TenantMaxInflight == app.DefaultTenantMaxInflight && c.PeriodCloseGrace == time.Hour
 		}},
+		{map[string]string{"PERIOD_CLOSE_GRACE": "30m"}, func(c *app.Config) bool { return c.PeriodCloseGrace == 30*time.Minute }},
 		{map[string]string{"TENANT_MAX_INFLIGHT": "3"}, func(c *app.Config) bool { return c.TenantMaxInflight == 3 }},
 	} {
 		c, err := app.LoadConfig(envOf(tc.env))

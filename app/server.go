@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,10 +21,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"riverqueue.com/riverui"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/metrics"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
@@ -141,6 +144,11 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 		return nil, fmt.Errorf("river ui: %w", err)
 	}
 	svc := NewIngest(pool, rc, cfg)
+	ts, err := NewTenants(pool, rc, cfg, logger)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
 	handler := api.NewRouter(api.Config{
 		DB:     pool,
 		Logger: logger,
@@ -150,9 +158,12 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 				Observer: metrics.NewIngest(reg), TenantMaxInflight: cfg.TenantMaxInflight,
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
-			tenants.NewHandler(tenants.HandlerConfig{Store: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
+			tenants.NewHandler(tenants.HandlerConfig{Store: ts, AdminToken: cfg.AdminToken, Logger: logger,
 				OnUpdate: svc.Alerts().Forget}),
-			alerts.NewHandler(alerts.HandlerConfig{DB: pool, Auth: tenants.NewStore(pool), AdminToken: cfg.AdminToken, Logger: logger,
+			meters.NewHandler(meters.HandlerConfig{
+				Store: meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent), AdminToken: cfg.AdminToken, Logger: logger,
+			}),
+			alerts.NewHandler(alerts.HandlerConfig{DB: pool, Auth: ts, AdminToken: cfg.AdminToken, Logger: logger,
 				EventNames: map[string]string{alerts.MeterInput: cfg.MeterInputEvent, alerts.MeterOutput: cfg.MeterOutputEvent}}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
@@ -265,7 +276,10 @@ func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx
 // in through rc with cfg's attempts and batch delay.
 func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
 	svc := ingest.NewService(pool, NewInserter(rc, cfg))
+	in, out := cmp.Or(cfg.MeterInputEvent, overage.DefaultMeterInputEvent), cmp.Or(cfg.MeterOutputEvent, overage.DefaultMeterOutputEvent)
+	svc.UseMeters(meters.NewStore(pool, in, out))
 	svc.SetCoalescing(cfg.IngestCoalesce)
+	svc.SetPeriodCloseGrace(cfg.PeriodCloseGrace)
 	svc.SetAlerts(alerts.NewRecorder(rc))
 	return svc
 }

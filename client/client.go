@@ -337,20 +337,7 @@ func (c *Client) attempt(ctx context.Context, path, key string, body []byte, dec
 		}
 		return res.Header.Get("Idempotent-Replayed") == "true", 0, nil
 	}
-	e := &Error{Status: res.StatusCode, Title: http.StatusText(res.StatusCode)}
-	var p struct {
-		Type   string       `json:"type"`
-		Title  string       `json:"title"`
-		Detail string       `json:"detail"`
-		Errors []FieldError `json:"errors"`
-	}
-	if json.Unmarshal(rb, &p) == nil {
-		e.Type, e.Detail, e.Fields = p.Type, p.Detail, p.Errors
-		if p.Title != "" {
-			e.Title = p.Title
-		}
-	}
-	return false, retryAfter(res.Header.Get("Retry-After")), e
+	return false, retryAfter(res.Header.Get("Retry-After")), problemOf(res.StatusCode, rb)
 }
 
 // retryable says whether the same request may succeed later.

@@ -18,7 +18,7 @@ import (
 
 // The counters every tenant line and the totals carry, as the API documents them.
 var counterFields = []string{"usage_logs", "billed", "pending", "not_billable", "needs_review", "failed",
-	"overage_input_tokens", "overage_output_tokens", "billed_input_tokens", "billed_output_tokens", "oldest_pending_at"}
+	"overage_input_tokens", "overage_output_tokens", "billed_input_tokens", "billed_output_tokens", "oldest_pending_at", "meters"}
 
 func TestHTTPStatusAnswersTheSpecShape(t *testing.T) {
 	t.Parallel()

@@ -33,6 +33,112 @@ type Counters struct {
 	BilledInputTokens   int64      `json:"billed_input_tokens"`
 	BilledOutputTokens  int64      `json:"billed_output_tokens"`
 	OldestPendingAt     *time.Time `json:"oldest_pending_at"`
+	// Meters is the overage per meter: the default meters first, then
+	// every other meter with overage. The dimension sums above include
+	// every meter of their dimension.
+	Meters []MeterCounters `json:"meters"`
+}
+
+// MeterCounters are one meter's overage and the part of it billed.
+type MeterCounters struct {
+	Meter         string `json:"meter"`
+	OverageTokens int64  `json:"overage_tokens"`
+	BilledTokens  int64  `json:"billed_tokens"`
+}
+
+// addMeter adds a meter's numbers into c's line of it.
+func (c *Counters) addMeter(m MeterCounters) {
+	for i := range c.Meters {
+		if c.Meters[i].Meter == m.Meter {
+			c.Meters[i].OverageTokens += m.OverageTokens
+			c.Meters[i].BilledTokens += m.BilledTokens
+			return
+		}
+	}
+	c.Meters = append(c.Meters, m)
+}
+
+// defaultMeters sets c's lines of the default meters from its dimension
+// sums, which hold only those meters' until addExtraMeters runs.
+func (c *Counters) defaultMeters() {
+	c.Meters = []MeterCounters{
+		{Meter: overage.MeterInput, OverageTokens: c.OverageInputTokens, BilledTokens: c.BilledInputTokens},
+		{Meter: overage.MeterOutput, OverageTokens: c.OverageOutputTokens, BilledTokens: c.BilledOutputTokens},
+	}
+}
+
+// extraMetersQuery reads the overage of the meters other than the
+// defaults from meter_counters (per tenant, meter and slot), with each
+// meter's token type. %s filters tenants.
+const extraMetersQuery = `
+SELECT c.tenant_id, c.meter, m.token_type, sum(c.overage_tokens)::bigint,
+	coalesce(sum(c.overage_tokens) FILTER (WHERE c.billing_status = 'billed'), 0)::bigint
+FROM meter_counters c JOIN meters m ON m.key = c.meter
+%s
+GROUP BY 1, 2, 3
+HAVING sum(c.overage_tokens) <> 0
+ORDER BY 2`
+
+// addExtraMeters adds the meters other than the defaults to the report's
+// tenants (all of them when all, else those listed) and totals: a line
+// each, and their tokens to their dimension's sums.
+func addExtraMeters(ctx context.Context, db overage.DB, r *Report, all bool) error {
+	byID := map[uuid.UUID]*Counters{}
+	ids := make([]uuid.UUID, 0, len(r.Tenants))
+	for i := range r.Tenants {
+		r.Tenants[i].defaultMeters()
+		byID[r.Tenants[i].TenantID] = &r.Tenants[i].Counters
+		ids = append(ids, r.Tenants[i].TenantID)
+	}
+	if all {
+		r.Totals.defaultMeters()
+	}
+	var rows pgx.Rows
+	var err error
+	if all {
+		rows, err = db.Query(ctx, fmt.Sprintf(extraMetersQuery, ""))
+	} else {
+		rows, err = db.Query(ctx, fmt.Sprintf(extraMetersQuery, "WHERE c.tenant_id = ANY($1)"), ids)
+	}
+	if err != nil {
+		return fmt.Errorf("read meter counters: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id uuid.UUID
+		var m MeterCounters
+		var tt overage.TokenType
+		if err := rows.Scan(&id, &m.Meter, &tt, &m.OverageTokens, &m.BilledTokens); err != nil {
+			return fmt.Errorf("read meter counters: %w", err)
+		}
+		add := func(c *Counters) {
+			c.addMeter(m)
+			if tt.Dimension() == overage.DimensionOutput {
+				c.OverageOutputTokens += m.OverageTokens
+				c.BilledOutputTokens += m.BilledTokens
+			} else {
+				c.OverageInputTokens += m.OverageTokens
+				c.BilledInputTokens += m.BilledTokens
+			}
+		}
+		if c, ok := byID[id]; ok {
+			add(c)
+		}
+		if all {
+			add(&r.Totals)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read meter counters: %w", err)
+	}
+	if !all {
+		// The totals are the listed tenants' (Status of one tenant).
+		r.Totals = Counters{}
+		for _, s := range r.Tenants {
+			r.Totals.add(s.Counters)
+		}
+	}
+	return nil
 }
 
 // add adds o into c; OldestPendingAt becomes the earlier of the two.
@@ -47,6 +153,12 @@ func (c *Counters) add(o Counters) {
 	c.OverageOutputTokens += o.OverageOutputTokens
 	c.BilledInputTokens += o.BilledInputTokens
 	c.BilledOutputTokens += o.BilledOutputTokens
+	if len(c.Meters) == 0 && len(o.Meters) > 0 {
+		c.Meters = []MeterCounters{}
+	}
+	for _, m := range o.Meters {
+		c.addMeter(m)
+	}
 	if o.OldestPendingAt != nil && (c.OldestPendingAt == nil || o.OldestPendingAt.Before(*c.OldestPendingAt)) {
 		t := *o.OldestPendingAt
 		c.OldestPendingAt = &t
@@ -183,7 +295,7 @@ func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Report, err
 			c.OldestPendingAt = &t
 		}
 		r.Totals = c
-		return nil
+		return addExtraMeters(ctx, tx, r, true)
 	})
 	if err != nil {
 		return nil, dbError(err)
@@ -217,6 +329,11 @@ func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, e
 	}
 	if tenantID != nil && len(r.Tenants) == 0 {
 		return nil, overage.NotFound("tenant %s not found", tenantID)
+	}
+	// Totals of every tenant are the lines' sums: recomputed from the
+	// lines once they have their meters.
+	if err := addExtraMeters(ctx, db, r, false); err != nil {
+		return nil, dbError(err)
 	}
 	return r, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -51,10 +52,31 @@ const (
 // 35-day limit while the correction waits in a report.
 const stripeTimestampMargin = 24 * time.Hour
 
+// CorrectedByAdmin is corrected_by for a correction made with ADMIN_TOKEN
+// or by `overage correct`.
+const CorrectedByAdmin = "admin"
+
+// DefaultPeriodCloseGrace is PERIOD_CLOSE_GRACE's default: how long after
+// a billing period ends Stripe still takes usage for it, and a tenant's key
+// may still correct it.
+const DefaultPeriodCloseGrace = time.Hour
+
+// SetPeriodCloseGrace sets PERIOD_CLOSE_GRACE (d > 0): a period that ended
+// longer ago than d is closed, and only an administrator corrects its logs.
+func (s *Service) SetPeriodCloseGrace(d time.Duration) {
+	if d > 0 {
+		s.periodCloseGrace = d
+	}
+}
+
 // CorrectParams are the inputs of Correct, validated by the caller.
 type CorrectParams struct {
-	// TenantID is the caller's tenant; nil for an administrator.
-	TenantID     *uuid.UUID
+	// TenantID is the caller's tenant; nil for an administrator, who alone
+	// may correct a log of a closed period.
+	TenantID *uuid.UUID
+	// KeyID is the API key of the caller's tenant that asks, recorded as
+	// corrected_by; ignored for an administrator (corrected_by "admin").
+	KeyID        uuid.UUID
 	UsageLogID   uuid.UUID
 	Key          string
 	Fingerprint  []byte
@@ -107,27 +129,41 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	if err != nil {
 		return nil, fmt.Errorf("lock usage log: %w", err)
 	}
+	if err := s.present(ctx, tx, orig); err != nil {
+		return nil, err
+	}
 	if orig.Corrects != nil {
 		return nil, overage.Invalid([]overage.FieldError{{Field: "id", Detail: "is a correction; correct the usage log it corrects"}},
 			"usage log %s is a correction of %s: correct that one", orig.ID, orig.Corrects)
 	}
-	var cur overage.Overage
-	if err := tx.QueryRow(ctx, `SELECT u.input_tokens + coalesce(sum(c.input_tokens), 0)::bigint,
-			u.output_tokens + coalesce(sum(c.output_tokens), 0)::bigint
-		FROM usage_logs u LEFT JOIN usage_logs c ON c.corrects = u.id
-		WHERE u.id = $1 GROUP BY u.id`, orig.ID).Scan(&cur.InputTokens, &cur.OutputTokens); err != nil {
-		return nil, fmt.Errorf("read corrections of %s: %w", orig.ID, err)
+	earlier, err := s.correctionsOf(ctx, tx, orig.ID)
+	if err != nil {
+		return nil, err
+	}
+	cur := overage.Overage{InputTokens: orig.InputTokens, OutputTokens: orig.OutputTokens}
+	for _, c := range earlier {
+		cur.InputTokens += c.InputTokens
+		cur.OutputTokens += c.OutputTokens
 	}
 	delta := overage.Overage{InputTokens: p.InputTokens - cur.InputTokens, OutputTokens: p.OutputTokens - cur.OutputTokens}
 	if delta.InputTokens == 0 && delta.OutputTokens == 0 {
 		return nil, overage.Invalid([]overage.FieldError{{Field: fieldInputTokens, Detail: "equals the current totals: nothing to correct"}},
 			"usage log %s already totals %d input and %d output tokens: nothing to correct", orig.ID, cur.InputTokens, cur.OutputTokens)
 	}
-	c, basis, err := correctionOf(ctx, tx, orig, delta, p.Reason)
+	by := CorrectedByAdmin
+	if p.TenantID != nil {
+		by = p.KeyID.String()
+	}
+	c, basis, err := correctionOf(ctx, tx, orig, delta, p.Reason, by, p.TenantID == nil, s.closeGrace())
 	if err != nil {
 		return nil, err
 	}
-	if err := c.compute(ctx, tx); err != nil {
+	cat, err := s.meters.Knowing(ctx, tx, nil)
+	if err != nil {
+		return nil, err
+	}
+	c.lines = correctionLines(cat, orig, earlier, p.InputTokens, p.OutputTokens)
+	if err := c.compute(ctx, tx, cat); err != nil {
 		return nil, err
 	}
 	body, err := json.Marshal(correctionResponse{UsageLog: c.log, StripeTimestamp: basis})
@@ -149,12 +185,31 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 
 // correctionOf is the correction of orig by delta tokens, to be computed,
 // and where its Stripe timestamp comes from: the original's while the
-// original's allowance period is still open, else now.
-func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta overage.Overage, reason string) (*deltaLog, string, error) {
+// original's allowance period is still open, else now. by is recorded as
+// corrected_by. Unless mayCloseOld (an administrator), a log of a closed
+// period — one that ended longer than grace ago — is refused: its invoice
+// may be final, and refunding invoiced usage is an operator's decision
+// (403 period-closed).
+func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta overage.Overage, reason, by string,
+	mayCloseOld bool, grace time.Duration) (*deltaLog, string, error) {
 	var period, nowPeriod, now time.Time
-	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`, now()
-		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID).Scan(&period, &nowPeriod, &now); err != nil {
+	var closed bool
+	// Closed: the period holding now() - grace began after the log's (so
+	// the log's ended more than grace ago), or the subscription period the
+	// log is in is known to have ended more than grace ago (a cancelled
+	// subscription's last period, which no later one follows).
+	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`,
+			`+periodOfSQL("(now() - make_interval(secs => $3))")+` > u.period_start
+			OR EXISTS (SELECT 1 FROM tenant_subscriptions s WHERE s.tenant_id = $1 AND s.current_period_start = u.period_start
+				AND s.current_period_end < now() - make_interval(secs => $3)),
+			now()
+		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID, grace.Seconds()).Scan(&period, &nowPeriod, &closed, &now); err != nil {
 		return nil, "", fmt.Errorf("read the period of %s: %w", orig.ID, err)
+	}
+	if closed && !mayCloseOld {
+		return nil, "", overage.Errorf(overage.EFORBIDDEN, "period-closed",
+			"usage log %s is in the billing period that began %s, closed (it ended more than PERIOD_CLOSE_GRACE, %s, ago): only an administrator (ADMIN_TOKEN) may correct it",
+			orig.ID, period.UTC().Format(time.RFC3339), grace)
 	}
 	now = now.UTC().Truncate(time.Microsecond)
 	id, err := uuid.NewV7()
@@ -164,13 +219,21 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 	l := &overage.UsageLog{
 		ID: id, TenantID: orig.TenantID, Timestamp: orig.Timestamp, UserID: orig.UserID, ModelID: orig.ModelID,
 		InputTokens: delta.InputTokens, OutputTokens: delta.OutputTokens,
-		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason,
+		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason, CorrectedBy: &by,
 	}
 	basis := TimestampOriginal
 	if !nowPeriod.UTC().Equal(period.UTC()) || orig.Timestamp.Before(now.Add(-maxEventAge+stripeTimestampMargin)) {
 		basis, l.Timestamp = TimestampCorrection, now
 	}
 	return &deltaLog{log: l, period: period.UTC()}, basis, nil
+}
+
+// closeGrace is PERIOD_CLOSE_GRACE, its default unless set.
+func (s *Service) closeGrace() time.Duration {
+	if s.periodCloseGrace > 0 {
+		return s.periodCloseGrace
+	}
+	return DefaultPeriodCloseGrace
 }
 
 // periodOfSQL is the SQL of the allowance period start of the tenant $1 at
@@ -253,62 +316,109 @@ type deltaLog struct {
 	log       *overage.UsageLog
 	period    time.Time
 	streamRID *string
-	// The period's totals before the log and the allowance, read by
-	// compute under the period's lock.
-	total, allowance overage.Overage
+	// lines are its tokens per meter, the defaults first (always both):
+	// what it adds to each meter's period total.
+	lines []overage.MeterTokens
+	// split is lines with their overage, set by compute.
+	split []overage.MeterLine
+	// before and included are, per line, its meter's period total before
+	// the log and its allowance, read by compute under the period's lock.
+	before, included []int64
 }
 
 // compute orders the log with every ingest event of its period that still
 // sees allowance left (the same advisory lock) and after every writer of
 // the period's slot rows that has written them (their row locks), reads
-// the period's total T and sets the log's overage to max(0, T+d-A) -
-// max(0, T-A) per dimension.
-func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx) error {
+// each of its meters' period total T and sets the line's overage to
+// overage.Split(T, d, A).
+func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx, cat *overage.Catalog) error {
 	a, b := periodLockKey(d.log.TenantID, d.period)
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, a, b); err != nil {
 		return fmt.Errorf("lock allowance period: %w", err)
 	}
 	var total, allowance overage.Overage
+	var included map[string]int64
 	var now time.Time
 	if err := tx.QueryRow(ctx, `WITH locked AS (
 			SELECT input_tokens, output_tokens FROM allowance_usage WHERE tenant_id = $1 AND period_start = $2 FOR UPDATE
 		)
 		SELECT (SELECT coalesce(sum(input_tokens), 0)::bigint FROM locked), (SELECT coalesce(sum(output_tokens), 0)::bigint FROM locked),
-			t.included_input_tokens, t.included_output_tokens, now()
+			t.included_input_tokens, t.included_output_tokens, t.included_meters, now()
 		FROM tenants t WHERE t.id = $1`, d.log.TenantID, d.period).Scan(&total.InputTokens, &total.OutputTokens,
-		&allowance.InputTokens, &allowance.OutputTokens, &now); err != nil {
+		&allowance.InputTokens, &allowance.OutputTokens, &included, &now); err != nil {
 		return fmt.Errorf("read allowance totals: %w", err)
 	}
-	change := func(t, d, a int64) int64 { return max(0, t+d-a) - max(0, t-a) }
-	d.total, d.allowance = total, allowance
+	extra := map[string]int64{}
+	if len(d.lines) > 2 {
+		var keys []string
+		for _, ln := range d.lines[2:] {
+			keys = append(keys, ln.Meter)
+		}
+		rows, err := tx.Query(ctx, `SELECT meter, coalesce(sum(tokens), 0)::bigint FROM (
+				SELECT meter, tokens FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND meter = ANY($3)
+				ORDER BY meter COLLATE "C", slot FOR UPDATE) AS m
+			GROUP BY meter`, d.log.TenantID, d.period, keys)
+		if err != nil {
+			return fmt.Errorf("read meter totals: %w", err)
+		}
+		for rows.Next() {
+			var k string
+			var n int64
+			if err := rows.Scan(&k, &n); err != nil {
+				rows.Close()
+				return fmt.Errorf("read meter totals: %w", err)
+			}
+			extra[k] = n
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("read meter totals: %w", err)
+		}
+	}
 	l := d.log
-	l.Overage = overage.Overage{
-		InputTokens:  change(total.InputTokens, l.InputTokens, allowance.InputTokens),
-		OutputTokens: change(total.OutputTokens, l.OutputTokens, allowance.OutputTokens),
+	d.split = make([]overage.MeterLine, len(d.lines))
+	d.before, d.included = make([]int64, len(d.lines)), make([]int64, len(d.lines))
+	for i, ln := range d.lines {
+		var t, inc int64
+		switch ln.Meter {
+		case overage.MeterInput:
+			t, inc = total.InputTokens, allowance.InputTokens
+		case overage.MeterOutput:
+			t, inc = total.OutputTokens, allowance.OutputTokens
+		default:
+			t, inc = extra[ln.Meter], included[ln.Meter]
+		}
+		if ln.Tokens > 0 && t > maxTotal-ln.Tokens {
+			return errTotalOverflow
+		}
+		d.split[i] = overage.MeterLine{Meter: ln.Meter, Tokens: ln.Tokens, Overage: overage.Split(t, ln.Tokens, inc)}
+		d.before[i], d.included[i] = t, inc
 	}
 	l.CreatedAt = now.UTC().Truncate(time.Microsecond)
 	l.BillingStatus = overage.BillingStatusNotBillable
-	if l.Overage.Billable() {
+	if billable(d.split) {
 		l.BillingStatus = overage.BillingStatusPending
 	}
-	l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
+	l.Meters = rawLines(l, d.split)
+	cat.Present(l)
 	return nil
 }
 
 // writeDeltaLogs queues the report job of the billable logs (first, as the
 // ingest transaction does: see migrations/0007), then adds each log's
-// tokens to its period's ordered row (slot 0) and inserts the logs.
+// tokens to its period's ordered rows (slot 0: allowance_usage, then
+// meter_usage) and inserts the logs.
 func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 	InsertReportsTx(context.Context, pgx.Tx, uuid.UUID, []uuid.UUID) error
 }, rec *alerts.Recorder, tenantID uuid.UUID, logs []*deltaLog) error {
-	var billable []uuid.UUID
+	var billableIDs []uuid.UUID
 	for _, d := range logs {
-		if d.log.Overage.Billable() {
-			billable = append(billable, d.log.ID)
+		if billable(d.split) {
+			billableIDs = append(billableIDs, d.log.ID)
 		}
 	}
-	if len(billable) > 0 {
-		if err := ob.InsertReportsTx(ctx, tx, tenantID, billable); err != nil {
+	if len(billableIDs) > 0 {
+		if err := ob.InsertReportsTx(ctx, tx, tenantID, billableIDs); err != nil {
 			return err
 		}
 	}
@@ -321,15 +431,30 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 			VALUES ($1, $2, 0, $3, $4)
 			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
 			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens, output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-			tenantID, d.period, l.InputTokens, l.OutputTokens); err != nil {
+			tenantID, d.period, d.split[0].Tokens, d.split[1].Tokens); err != nil {
 			return fmt.Errorf("write allowance total: %w", err)
+		}
+		var keys []string
+		var tokens, over []int64
+		for _, ln := range d.split[2:] {
+			keys, tokens, over = append(keys, ln.Meter), append(tokens, ln.Tokens), append(over, ln.Overage)
+		}
+		if len(keys) > 0 {
+			if _, err := tx.Exec(ctx, `INSERT INTO meter_usage AS a (tenant_id, period_start, meter, slot, tokens)
+				SELECT $1, $2, m.meter, 0, m.tokens FROM unnest($3::text[], $4::bigint[]) AS m (meter, tokens)
+				ORDER BY m.meter COLLATE "C"
+				ON CONFLICT (tenant_id, period_start, meter, slot) DO UPDATE SET tokens = a.tokens + EXCLUDED.tokens`,
+				tenantID, d.period, keys, tokens); err != nil {
+				return fmt.Errorf("write meter totals: %w", err)
+			}
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				corrects, correction_reason, stream_request_id)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16)`,
+				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20)`,
 			l.ID, tenantID, l.RequestID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, d.period,
-			l.Overage.InputTokens, l.Overage.OutputTokens, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID); err != nil {
+			d.split[0].Overage, d.split[1].Overage, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID,
+			keys, tokens, over, l.CorrectedBy); err != nil {
 			return fmt.Errorf("write usage log: %w", err)
 		}
 	}
@@ -340,22 +465,87 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 func deltaUsage(logs []*deltaLog) []alerts.Usage {
 	out := make([]alerts.Usage, 0, 2*len(logs))
 	for _, d := range logs {
-		out = append(out,
-			alerts.Usage{Meter: alerts.MeterInput, PeriodStart: d.period, Included: d.allowance.InputTokens, Before: d.total.InputTokens, After: d.total.InputTokens + d.log.InputTokens},
-			alerts.Usage{Meter: alerts.MeterOutput, PeriodStart: d.period, Included: d.allowance.OutputTokens, Before: d.total.OutputTokens, After: d.total.OutputTokens + d.log.OutputTokens})
+		for i, ln := range d.split {
+			out = append(out, alerts.Usage{Meter: ln.Meter, PeriodStart: d.period, Included: d.included[i], Before: d.before[i], After: d.before[i] + ln.Tokens})
+		}
 	}
 	return out
 }
 
-// withCorrections adds to a usage log (not a correction) its corrections
-// and its corrected totals.
-func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) error {
-	if l.Corrects != nil {
-		return nil
+// deltaLines routes a change of an event of model's totals with no parts
+// (a stream's increase or decrease) to meters with cat.
+func deltaLines(cat *overage.Catalog, model string, in, out int64) []overage.MeterTokens {
+	return nonZeroExtras(cat.Route(model).Lines(overage.Amounts(in, out, overage.TokenParts{})))
+}
+
+func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
+	out := lines[:2]
+	for _, ln := range lines[2:] {
+		if ln.Tokens != 0 {
+			out = append(out, ln)
+		}
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE corrects = $1 ORDER BY id`, l.ID)
+	return out
+}
+
+// correctionLines is what a correction of orig to the totals in and out
+// changes on each meter: the corrected totals routed with cat, less what
+// orig and its corrections (cur) already put on each meter. The corrected
+// totals keep orig's reported parts, cut to fit the new totals, so a
+// correction that voids a log takes back every meter's share, and one that
+// changes output leaves input's meters alone.
+func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage.UsageLog, in, out int64) []overage.MeterTokens {
+	parts := overage.TokenParts{}
+	clip := func(p *int64, room int64) *int64 {
+		if p == nil {
+			return nil
+		}
+		v := min(*p, max(room, 0))
+		return &v
+	}
+	parts.CacheRead = clip(orig.CacheRead, in)
+	var read int64
+	if parts.CacheRead != nil {
+		read = *parts.CacheRead
+	}
+	parts.CacheWrite = clip(orig.CacheWrite, in-read)
+	parts.Reasoning = clip(orig.Reasoning, out)
+	target := cat.Route(orig.ModelID).Lines(overage.Amounts(in, out, parts))
+	have := map[string]int64{}
+	for _, ln := range orig.Meters {
+		have[ln.Meter] += ln.Tokens
+	}
+	for _, c := range cur {
+		for _, ln := range c.Meters {
+			have[ln.Meter] += ln.Tokens
+		}
+	}
+	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
+	seen := map[string]bool{}
+	for _, t := range target {
+		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
+		seen[t.Meter] = true
+	}
+	// Meters orig fed that the corrected totals no longer route to give
+	// their share back.
+	var gone []string
+	for k := range have {
+		if !seen[k] {
+			gone = append(gone, k)
+		}
+	}
+	slices.Sort(gone)
+	for _, k := range gone {
+		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
+	}
+	return nonZeroExtras(lines)
+}
+
+// correctionsOf reads the corrections of the log id, oldest first.
+func (s *Service) correctionsOf(ctx context.Context, q querier, id uuid.UUID) ([]overage.UsageLog, error) {
+	rows, err := q.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE corrects = $1 ORDER BY id`, id)
 	if err != nil {
-		return fmt.Errorf("read corrections of %s: %w", l.ID, err)
+		return nil, fmt.Errorf("read corrections of %s: %w", id, err)
 	}
 	cs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (overage.UsageLog, error) {
 		c, err := scanLog(row)
@@ -365,7 +555,25 @@ func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) erro
 		return *c, nil
 	})
 	if err != nil {
-		return fmt.Errorf("read corrections of %s: %w", l.ID, err)
+		return nil, fmt.Errorf("read corrections of %s: %w", id, err)
+	}
+	for i := range cs {
+		if err := s.present(ctx, q, &cs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return cs, nil
+}
+
+// withCorrections adds to a usage log (not a correction) its corrections
+// and its corrected totals.
+func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) error {
+	if l.Corrects != nil {
+		return nil
+	}
+	cs, err := s.correctionsOf(ctx, s.pool, l.ID)
+	if err != nil {
+		return err
 	}
 	tot := overage.Overage{InputTokens: l.InputTokens, OutputTokens: l.OutputTokens}
 	for _, c := range cs {
@@ -430,12 +638,13 @@ func (h *Handler) createCorrection(w http.ResponseWriter, r *http.Request) {
 // tenant's key or ADMIN_TOKEN), validate, fingerprint, then the key.
 func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 	var tenantID *uuid.UUID
+	var keyID uuid.UUID
 	if !httpx.IsAdmin(r, h.adminToken) {
-		id, err := h.tenant(r)
+		p, err := h.writer(r)
 		if err != nil {
 			return nil, err
 		}
-		tenantID = &id
+		tenantID, keyID = &p.TenantID, p.KeyID
 	}
 	key, body, err := readKeyAndBody(r, maxBodyBytes)
 	if err != nil {
@@ -460,7 +669,7 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 		}
 		defer release()
 	}
-	return h.svc.Correct(r.Context(), CorrectParams{TenantID: tenantID, UsageLogID: logID, Key: key, Fingerprint: fp,
+	return h.svc.Correct(r.Context(), CorrectParams{TenantID: tenantID, KeyID: keyID, UsageLogID: logID, Key: key, Fingerprint: fp,
 		InputTokens: in, OutputTokens: out, Reason: reason})
 }
 

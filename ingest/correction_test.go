@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -235,5 +236,99 @@ func TestCorrectionDuringAnUnorderedEventKeepsTheSplitExact(t *testing.T) {
 	}
 	if over != 0 || periodOver != 0 {
 		t.Fatalf("event after the correction charged %d, the period's overage %d; want 0 and 0 (total 800 against 1000 included)", over, periodOver)
+	}
+}
+
+// seedLog records, outside ingest, a billed log of tenant in the period
+// that began at period (its tokens in the period's total), for a
+// correction of a period ingest no longer accepts events for.
+func (b *bundle) seedLog(t *testing.T, tenant uuid.UUID, period time.Time, in int64) string {
+	t.Helper()
+	var id string
+	if err := b.pool.QueryRow(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
+			period_start, overage_input_tokens, overage_output_tokens, billing_status)
+		VALUES (gen_random_uuid(), $1, $2::timestamptz + interval '1 hour', 'u', 'm', $3, 0, $2, $3, 0, 'billed') RETURNING id::text`,
+		tenant, period, in).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(context.Background(), `INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
+		VALUES ($1, $2, 0, $3, 0) ON CONFLICT (tenant_id, period_start, slot) DO UPDATE SET input_tokens = a.input_tokens + EXCLUDED.input_tokens`,
+		tenant, period, in); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// A correction of a log whose billing period ended more than
+// PERIOD_CLOSE_GRACE ago (its invoice may be final) needs ADMIN_TOKEN: the
+// tenant's key gets 403 period-closed and nothing is recorded. Inside the
+// grace the key may still correct it. Every correction records who made
+// it — the key's id, or admin — shown in its answer and on the original's
+// GET.
+func TestCorrectionOfAClosedPeriodNeedsTheAdminToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	// A calendar month that ended at least nine days ago.
+	var month time.Time
+	if err := b.pool.QueryRow(ctx, `SELECT date_trunc('month', now() - interval '40 days', 'UTC')`).Scan(&month); err != nil {
+		t.Fatal(err)
+	}
+	old := b.seedLog(t, b.alice.ID, month, 100)
+	p := requireProblem(t, b.correct(t, b.alice.APIKey, "fix-old", old, correction(60, 0, "recount")), http.StatusForbidden, "period-closed")
+	if detail, _ := p["detail"].(string); !strings.Contains(detail, "ADMIN_TOKEN") {
+		t.Fatalf("period-closed detail %q does not say who may correct it", detail)
+	}
+	if n := b.count(t, `SELECT count(*) FROM usage_logs WHERE corrects IS NOT NULL`); n != 0 {
+		t.Fatalf("a refused correction recorded %d logs", n)
+	}
+	// The key was not spent on the refusal: the operator's answer is its own.
+	admin := b.correct(t, adminToken, "fix-old", old, correction(60, 0, "recount"))
+	requireStatus(t, admin, http.StatusAccepted)
+	if m := admin.json(t); m["corrected_by"] != ingest.CorrectedByAdmin || m["stripe_timestamp"] != ingest.TimestampCorrection {
+		t.Fatalf("the operator's correction %s, want corrected_by admin, timestamped now", admin.body)
+	}
+
+	// A log of the current period: the tenant's key corrects it, and the
+	// correction names that key.
+	cur := b.post(t, b.alice.APIKey, "k", event(70, 30)).json(t)["id"].(string)
+	mine := b.correct(t, b.alice.APIKey, "fix-cur", cur, correction(50, 30, "recount"))
+	requireStatus(t, mine, http.StatusAccepted)
+	if by := mine.json(t)["corrected_by"]; by != b.alice.APIKeyID.String() {
+		t.Fatalf("corrected_by %v, want the key id %s", by, b.alice.APIKeyID)
+	}
+	for id, want := range map[string]string{old: ingest.CorrectedByAdmin, cur: b.alice.APIKeyID.String()} {
+		g := b.do(t, http.MethodGet, "/v1/usage-events/"+id, b.alice.APIKey, "", "").json(t)
+		cs, _ := g["corrections"].([]any)
+		if len(cs) != 1 || cs[0].(map[string]any)["corrected_by"] != want {
+			t.Fatalf("GET %s: corrections %v, want one by %s", id, g["corrections"], want)
+		}
+		if _, ok := g["corrected_by"]; ok {
+			t.Fatalf("GET %s: the original shows corrected_by: %v", id, g)
+		}
+		cid := cs[0].(map[string]any)["id"].(string)
+		if c := b.do(t, http.MethodGet, "/v1/usage-events/"+cid, b.alice.APIKey, "", "").json(t); c["corrected_by"] != want {
+			t.Fatalf("GET of the correction %s: %v, want corrected_by %s", cid, c, want)
+		}
+	}
+
+	// A subscription period that ended 30 minutes ago is open for an hour
+	// (PERIOD_CLOSE_GRACE's default); one that ended two hours ago is not.
+	for _, c := range []struct {
+		tenant *tenants.Created
+		ended  time.Duration
+		status int
+	}{{b.bob, 30 * time.Minute, http.StatusAccepted}, {b.capped, 2 * time.Hour, http.StatusForbidden}} {
+		var start time.Time
+		if err := b.pool.QueryRow(ctx, `INSERT INTO tenant_subscriptions (tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
+			VALUES ($1, 'sub_1', 'active', now() - interval '10 days', now() - make_interval(secs => $2), now()) RETURNING current_period_start`,
+			c.tenant.ID, c.ended.Seconds()).Scan(&start); err != nil {
+			t.Fatal(err)
+		}
+		id := b.seedLog(t, c.tenant.ID, start, 100)
+		r := b.correct(t, c.tenant.APIKey, "fix-sub", id, correction(0, 0, "void"))
+		if r.status != c.status {
+			t.Fatalf("correction of a period that ended %s ago: %d %s, want %d", c.ended, r.status, r.body, c.status)
+		}
 	}
 }

@@ -17,9 +17,9 @@ import (
 	"github.com/overage-billing/overage/metrics"
 )
 
-// Authenticator resolves a tenant API key to its tenant.
+// Authenticator resolves a tenant API key to who it speaks for.
 type Authenticator interface {
-	Authenticate(ctx context.Context, apiKey string) (uuid.UUID, error)
+	Authenticate(ctx context.Context, apiKey string) (overage.Principal, error)
 }
 
 // Observer is told the outcome and duration of every usage event request
@@ -130,7 +130,7 @@ func (h *Handler) record(r *http.Request) (*Outcome, error) {
 	}
 	defer release()
 	if ev.Stream != nil {
-		return h.svc.Checkpoint(r.Context(), RecordParams{TenantID: in.tenantID, Key: in.key, Fingerprint: fp, Event: ev})
+		return h.svc.Checkpoint(r.Context(), RecordParams{TenantID: in.tenantID, KeyID: in.keyID, Key: in.key, Fingerprint: fp, Event: ev})
 	}
 	return h.svc.Record(r.Context(), RecordParams{TenantID: in.tenantID, Key: in.key, Fingerprint: fp, Event: ev})
 }
@@ -142,10 +142,11 @@ func (h *Handler) record(r *http.Request) (*Outcome, error) {
 // its limit is refused before its body (up to maxBatchBytes) is read or
 // parsed, so a flood costs little more than the key's lookup.
 func (h *Handler) recordBatch(r *http.Request) (*Outcome, error) {
-	tenantID, err := h.tenant(r)
+	p, err := h.writer(r)
 	if err != nil {
 		return nil, err
 	}
+	tenantID := p.TenantID
 	release, err := h.admit(tenantID, false)
 	if err != nil {
 		return nil, err
@@ -184,22 +185,25 @@ func (h *Handler) admit(tenant uuid.UUID, singleEvent bool) (func(), error) {
 // input is what every ingest request carries besides its body's meaning.
 type input struct {
 	tenantID uuid.UUID
+	keyID    uuid.UUID
 	key      string
 	body     []byte
 }
 
-// read authenticates the request, checks its Content-Type and
-// Idempotency-Key, and reads at most limit bytes of body.
+// read authenticates the request (refusing a suspended tenant), checks
+// its Content-Type and Idempotency-Key, and reads at most limit bytes of
+// body.
 func (h *Handler) read(r *http.Request, limit int64) (*input, error) {
-	tenantID, err := h.tenant(r)
+	p, err := h.writer(r)
 	if err != nil {
 		return nil, err
 	}
+	tenantID := p.TenantID
 	key, body, err := readKeyAndBody(r, limit)
 	if err != nil {
 		return nil, err
 	}
-	return &input{tenantID: tenantID, key: key, body: body}, nil
+	return &input{tenantID: tenantID, keyID: p.KeyID, key: key, body: body}, nil
 }
 
 // readKeyAndBody checks the Content-Type, parses the Idempotency-Key and
@@ -255,17 +259,42 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request) {
 	httpx.JSON(w, http.StatusOK, l)
 }
 
-// tenant authenticates the tenant API key of a request.
+// tenant authenticates the tenant API key of a request that reads: a
+// suspended tenant may still read what it recorded.
 func (h *Handler) tenant(r *http.Request) (uuid.UUID, error) {
+	p, err := h.principal(r)
+	return p.TenantID, err
+}
+
+// writer authenticates the tenant API key of a request that records usage
+// (events, batches, checkpoints, corrections, LiteLLM payloads). A
+// suspended tenant's is refused before anything is read or recorded: its
+// Stripe customer is gone, so nothing it sends could be billed. The
+// suspension comes with the key's lookup, no query of its own.
+func (h *Handler) writer(r *http.Request) (overage.Principal, error) {
+	p, err := h.principal(r)
+	if err != nil {
+		return p, err
+	}
+	if p.Suspended {
+		return overage.Principal{}, errSuspended
+	}
+	return p, nil
+}
+
+var errSuspended = overage.Errorf(overage.EFORBIDDEN, "tenant-suspended",
+	"the tenant is suspended (its Stripe customer was deleted): nothing was recorded; an operator lifts the suspension with a customer Stripe knows")
+
+func (h *Handler) principal(r *http.Request) (overage.Principal, error) {
 	key, ok := httpx.Bearer(r)
 	if !ok {
-		return uuid.Nil, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "send the tenant API key as Authorization: Bearer <key>")
+		return overage.Principal{}, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "send the tenant API key as Authorization: Bearer <key>")
 	}
-	id, err := h.auth.Authenticate(r.Context(), key)
+	p, err := h.auth.Authenticate(r.Context(), key)
 	if err != nil {
-		return uuid.Nil, dbError(err)
+		return overage.Principal{}, dbError(err)
 	}
-	return id, nil
+	return p, nil
 }
 
 // outcomeOf names a request's outcome for metrics.

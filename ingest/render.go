@@ -56,7 +56,7 @@ func appendBatchResponse(b []byte, resp *batchResponse) ([]byte, bool) {
 func batchResponseSize(results []result) int {
 	n := 64
 	for _, r := range results {
-		n += 360 + len(r.log.UserID) + len(r.log.ModelID) + 160*len(r.log.StripeEvents)
+		n += 360 + len(r.log.UserID) + len(r.log.ModelID) + 160*len(r.log.StripeEvents) + 200*len(r.log.Meters)
 		if r.log.RequestID != nil {
 			n += len(*r.log.RequestID)
 		}
@@ -148,6 +148,28 @@ func appendUsageLogFields(b []byte, l *overage.UsageLog) ([]byte, bool) {
 		}
 		b = append(b, ']')
 	}
+	if len(l.Meters) > 0 {
+		b = append(b, `,"meters":[`...)
+		for i, m := range l.Meters {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"meter":`...)
+			b = appendJSONString(b, m.Meter)
+			b = append(b, `,"event_name":`...)
+			b = appendJSONString(b, m.EventName)
+			b = append(b, `,"tokens":`...)
+			b = strconv.AppendInt(b, m.Tokens, 10)
+			b = append(b, `,"overage":`...)
+			b = strconv.AppendInt(b, m.Overage, 10)
+			b = append(b, `,"identifier":`...)
+			b = appendStringPtr(b, m.Identifier)
+			b = append(b, `,"accepted_at":`...)
+			b = appendTimePtr(b, m.AcceptedAt, &ok)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	}
 	b = append(b, `,"kind":`...)
 	b = appendJSONString(b, l.Kind)
 	if l.Corrects != nil {
@@ -157,6 +179,10 @@ func appendUsageLogFields(b []byte, l *overage.UsageLog) ([]byte, bool) {
 	if l.Reason != nil {
 		b = append(b, `,"reason":`...)
 		b = appendJSONString(b, *l.Reason)
+	}
+	if l.CorrectedBy != nil {
+		b = append(b, `,"corrected_by":`...)
+		b = appendJSONString(b, *l.CorrectedBy)
 	}
 	if l.CorrectedTotals != nil {
 		b = append(b, `,"corrected_totals":`...)

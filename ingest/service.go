@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"slices"
 	"time"
@@ -25,6 +24,7 @@ import (
 	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/dberr"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 )
 
@@ -69,10 +69,14 @@ type Service struct {
 	// alerts records threshold events in the transactions that cross
 	// them; nil records none.
 	alerts *alerts.Recorder
+	// meters is the catalog usage is routed with.
+	meters *meters.Store
 
 	// coalesce groups a tenant's concurrent single events into one
 	// transaction; nil records each in its own.
 	coalesce *coalescer
+	// periodCloseGrace is PERIOD_CLOSE_GRACE (see correction.go).
+	periodCloseGrace time.Duration
 
 	// beforeWrites, set only by tests, runs inside the ingest transaction
 	// after its reads and report jobs, before its writes and commit; an
@@ -86,10 +90,15 @@ type Service struct {
 // NewService returns a Service writing to pool and queueing with ob. It
 // coalesces concurrent single events of a tenant (see group.go).
 func NewService(pool *pgxpool.Pool, ob *outbox.Inserter) *Service {
-	s := &Service{pool: pool, outbox: ob, slots: newSlotLeases()}
+	s := &Service{pool: pool, outbox: ob, slots: newSlotLeases(),
+		meters: meters.NewStore(pool, overage.DefaultMeterInputEvent, overage.DefaultMeterOutputEvent)}
 	s.coalesce = newCoalescer(s, defaultGroupsInFlight, maxGroupEvents)
 	return s
 }
+
+// UseMeters routes usage with the catalog of store (whose default meters
+// carry the process's STRIPE_METER_*_EVENT names).
+func (s *Service) UseMeters(store *meters.Store) { s.meters = store }
 
 // DefaultGroupsInFlight is how many transactions of one tenant run at once
 // before its single events wait to be coalesced (INGEST_COALESCE).
@@ -134,7 +143,10 @@ const (
 
 // RecordParams are the inputs of Record, all validated by the caller.
 type RecordParams struct {
-	TenantID    uuid.UUID
+	TenantID uuid.UUID
+	// KeyID is the API key that sent the event: a stream's final
+	// checkpoint that lowers its totals records it as corrected_by.
+	KeyID       uuid.UUID
 	Key         string
 	Fingerprint []byte
 	Event       *Event
@@ -263,6 +275,12 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	// it here, and in the server too should this process stall.
 	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
+	// Read (once a process, and after a change) before a connection is
+	// held, so a full pool never waits on itself.
+	cat, err := s.meters.Catalog(ctx, s.pool)
+	if err != nil {
+		return nil, fmt.Errorf("read meter catalog: %w", err)
+	}
 	// Given back after the commit or rollback below, when its rows are
 	// unlocked (deferred calls run last in, first out).
 	slot := s.slots.take()
@@ -273,12 +291,23 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	}
 	defer tx.release(context.WithoutCancel(ctx))
 
-	st, err := readState(ctx, tx, g, slot)
+	st, err := readState(ctx, tx, g, slot, cat)
 	if err != nil {
 		return nil, err
 	}
+	if st.catalogVersion > cat.Version {
+		// The catalog changed since it was cached: route with the one this
+		// transaction sees, read through it (not another connection: a
+		// full pool would wait on itself).
+		if st.catalog, err = s.meters.Current(ctx, tx, st.catalogVersion); err != nil {
+			return nil, err
+		}
+	}
 	recorded, err := readRecordedLogs(ctx, tx, st.recs)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.presentAll(ctx, tx, st.catalog, recorded, st.earlier); err != nil {
 		return nil, err
 	}
 	answers := make([]answer, len(g.members))
@@ -381,6 +410,15 @@ type state struct {
 	ordered map[time.Time]bool
 	// slot is the transaction's leased slot for every other row it adds to.
 	slot int16
+	// The meters other than the defaults: their allowances, and their
+	// period totals when the catalog had such meters (extraRead).
+	included  map[string]int64
+	extra     extraTotals
+	extraRead bool
+	// catalog is the meter catalog of the version the transaction read.
+	catalog        *overage.Catalog
+	catalogVersion int64
+	routes         map[string]overage.Routing
 }
 
 const periodsSQL = `
@@ -398,7 +436,8 @@ const periodsSQL = `
 		LEFT JOIN allowance_usage a ON a.tenant_id = $1 AND a.period_start = d.start
 		GROUP BY d.start
 	)
-	SELECT p.start, tot.i, tot.o, t.included_input_tokens, t.included_output_tokens, now()
+	SELECT p.start, tot.i, tot.o, t.included_input_tokens, t.included_output_tokens, now(),
+		CASE WHEN p.ord = 1 THEN t.included_meters END, CASE WHEN p.ord = 1 THEN (SELECT version FROM meter_catalog) END
 	FROM p JOIN tot ON tot.start = p.start CROSS JOIN tenants t
 	WHERE t.id = $1
 	ORDER BY p.ord`
@@ -409,9 +448,9 @@ const periodsSQL = `
 // The period of a usage timestamp is the tenant's Stripe subscription
 // period covering it when the webhooks told us one (tenant_subscriptions),
 // else its calendar month in UTC.
-func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, error) {
+func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overage.Catalog) (*state, error) {
 	st := &state{slot: slot, recs: map[string]storedResponse{}, earlier: map[string]*overage.UsageLog{},
-		totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}}
+		totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}, extra: extraTotals{}, catalog: cat}
 	var rids pgArray[pgString]
 	ts := make(pgArray[pgTimestamptz], len(g.events))
 	for i, ev := range g.events {
@@ -440,6 +479,10 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 		b.Queue(logsByRequestIDSQL, pgUUID(g.tenantID), rids)
 	}
 	b.Queue(periodsSQL, pgUUID(g.tenantID), ts)
+	if cat.Extra() {
+		b.Queue(extraTotalsSQL, pgUUID(g.tenantID), ts)
+		st.extraRead = true
+	}
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	if _, err := br.Exec(); err != nil {
@@ -495,14 +538,19 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 	// same variables, copied once a period.
 	var start time.Time
 	var tot overage.Overage
+	var version *int64
+	var included map[string]int64
 	st.periods = make([]time.Time, 0, len(g.events))
 	for rows.Next() {
 		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
-			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now); err != nil {
+			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now, &included, &version); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read allowance periods: %w", err)
 		}
 		start, st.now = start.UTC(), st.now.UTC()
+		if version != nil {
+			st.catalogVersion, st.included, version = *version, included, nil
+		}
 		st.periods = append(st.periods, start)
 		if _, ok := st.totals[start]; !ok {
 			t := tot
@@ -516,7 +564,34 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 	if len(st.periods) != len(g.events) {
 		return nil, fmt.Errorf("read allowance periods: %d periods for %d events", len(st.periods), len(g.events))
 	}
+	if st.extraRead {
+		if err := st.scanExtraTotals(br.Query()); err != nil {
+			return nil, err
+		}
+	}
 	return st, nil
+}
+
+// scanExtraTotals reads the rows of extraTotalsSQL (or the re-read after
+// the period lock) into st.extra, replacing the periods it names.
+func (st *state) scanExtraTotals(rows pgx.Rows, err error) error {
+	if err != nil {
+		return fmt.Errorf("read meter totals: %w", err)
+	}
+	defer rows.Close()
+	var start time.Time
+	var meter string
+	var n int64
+	for rows.Next() {
+		if err := rows.Scan(&start, &meter, &n); err != nil {
+			return fmt.Errorf("read meter totals: %w", err)
+		}
+		st.extra.add(start.UTC(), meter, n)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read meter totals: %w", err)
+	}
+	return nil
 }
 
 // order makes the totals exact where the split needs them. A period whose
@@ -529,11 +604,31 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16) (*state, e
 // the lock only ran because the total it saw — which this read sees too —
 // was already at the allowance.
 func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) error {
+	// The meters other than the defaults that the new events feed, per
+	// period: their allowances count too.
+	var fed map[time.Time]map[string]bool
+	if st.catalog.Extra() {
+		fed = map[time.Time]map[string]bool{}
+		for _, i := range fresh {
+			ev := g.events[i]
+			r := st.route(ev.ModelID)
+			amounts := overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)
+			for t, m := range r {
+				if amounts[t] == 0 || overage.IsDefaultMeter(m) {
+					continue
+				}
+				p := st.periods[i]
+				if fed[p] == nil {
+					fed[p] = map[string]bool{}
+				}
+				fed[p][m] = true
+			}
+		}
+	}
 	var open []time.Time
 	for _, i := range fresh {
 		p := st.periods[i]
-		tot := st.totals[p]
-		if st.ordered[p] || (tot.InputTokens >= st.allowance.InputTokens && tot.OutputTokens >= st.allowance.OutputTokens) {
+		if st.ordered[p] || !st.needsOrder(p, fed[p]) {
 			continue
 		}
 		st.ordered[p] = true
@@ -560,6 +655,11 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) er
 	}
 	b.Queue(`SELECT period_start, sum(input_tokens)::bigint, sum(output_tokens)::bigint FROM allowance_usage
 		WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY period_start`, pgUUID(g.tenantID), open)
+	extras := st.catalog.Extra()
+	if extras {
+		b.Queue(`SELECT period_start, meter, sum(tokens)::bigint FROM meter_usage
+			WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY 1, 2`, pgUUID(g.tenantID), open)
+	}
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
 	for range locks {
@@ -583,7 +683,29 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) er
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read allowance totals: %w", err)
 	}
+	rows.Close()
+	if extras {
+		for _, p := range open {
+			delete(st.extra, p)
+		}
+		if err := st.scanExtraTotals(br.Query()); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// route is the routing of model's tokens, computed once per model.
+func (st *state) route(model string) overage.Routing {
+	if st.routes == nil {
+		st.routes = map[string]overage.Routing{}
+	}
+	r, ok := st.routes[model]
+	if !ok {
+		r = st.catalog.Route(model)
+		st.routes[model] = r
+	}
+	return r
 }
 
 // writes are the rows an ingest transaction adds.
@@ -591,9 +713,20 @@ type writes struct {
 	logs      []*overage.UsageLog
 	periods   []time.Time
 	reportIDs []uuid.UUID
-	// Token deltas per period, in first-seen order.
+	// Token deltas of the default meters per period, in first-seen order,
+	// and of the other meters per period and meter.
 	deltaOrder []time.Time
 	deltas     map[time.Time]*overage.Overage
+	extra      []meterDelta
+	// lines of the logs, in their order.
+	lines [][]overage.MeterLine
+}
+
+// meterDelta is tokens added to one non-default meter's period total.
+type meterDelta struct {
+	period time.Time
+	meter  string
+	tokens int64
 }
 
 // newLogs computes, in arrival order, each new event's overage from its
@@ -602,9 +735,6 @@ type writes struct {
 // which splits an event that crosses the allowance exactly.
 func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, error) {
 	w := &writes{deltas: map[time.Time]*overage.Overage{}}
-	over := func(before, tokens, allowance int64) int64 {
-		return max(0, before+tokens-allowance) - max(0, before-allowance)
-	}
 	// The random bits of every id in one read of crypto/rand rather than
 	// one each (half of this function's time), and one allocation for the
 	// logs of a batch, not one each.
@@ -616,65 +746,76 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 	logs := make([]overage.UsageLog, len(fresh))
 	w.logs = make([]*overage.UsageLog, 0, len(fresh))
 	w.periods = make([]time.Time, 0, len(fresh))
+	w.lines = make([][]overage.MeterLine, 0, len(fresh))
+	extra := map[meterDelta]int{} // index in w.extra, by (period, meter)
 	for k, i := range fresh {
 		ev := g.events[i]
 		p := st.periods[i]
-		tot := st.totals[p]
 		id, err := uuid.NewV7FromReader(randomIDs)
 		if err != nil {
 			return nil, fmt.Errorf("usage log id: %w", err)
+		}
+		lines, err := st.linesOf(ev.ModelID, overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts), p)
+		if err != nil {
+			return nil, err
 		}
 		l := &logs[k]
 		*l = overage.UsageLog{
 			ID: id, TenantID: g.tenantID, RequestID: ev.RequestID, Timestamp: ev.Timestamp,
 			UserID: ev.UserID, ModelID: ev.ModelID, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens,
-			TokenParts: ev.Parts,
-			Overage: overage.Overage{
-				InputTokens:  over(tot.InputTokens, ev.InputTokens, st.allowance.InputTokens),
-				OutputTokens: over(tot.OutputTokens, ev.OutputTokens, st.allowance.OutputTokens),
-			},
+			TokenParts:    ev.Parts,
 			BillingStatus: overage.BillingStatusNotBillable,
 			CreatedAt:     st.now,
 			Kind:          overage.KindUsage,
 		}
-		// A total spread over slot rows can pass 2^63-1 here before any
-		// one row's upsert would: refuse, as PostgreSQL does (422).
-		if tot.InputTokens > math.MaxInt64-ev.InputTokens || tot.OutputTokens > math.MaxInt64-ev.OutputTokens {
-			return nil, errTotalOverflow
-		}
-		tot.InputTokens += ev.InputTokens
-		tot.OutputTokens += ev.OutputTokens
-		if l.Overage.Billable() {
+		if billable(lines) {
 			l.BillingStatus = overage.BillingStatusPending
 			w.reportIDs = append(w.reportIDs, id)
 		}
-		l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
+		l.Meters = rawLines(l, lines)
+		st.catalog.Present(l)
 		results[i] = result{log: l}
 		w.logs = append(w.logs, l)
 		w.periods = append(w.periods, p)
+		w.lines = append(w.lines, lines)
 		d, ok := w.deltas[p]
 		if !ok {
 			d = &overage.Overage{}
 			w.deltas[p] = d
 			w.deltaOrder = append(w.deltaOrder, p)
 		}
-		d.InputTokens += ev.InputTokens
-		d.OutputTokens += ev.OutputTokens
+		d.InputTokens += lines[0].Tokens
+		d.OutputTokens += lines[1].Tokens
+		for _, ln := range lines[2:] {
+			key := meterDelta{period: p, meter: ln.Meter}
+			j, ok := extra[key]
+			if !ok {
+				j = len(w.extra)
+				extra[key] = j
+				w.extra = append(w.extra, key)
+			}
+			w.extra[j].tokens += ln.Tokens
+		}
 	}
 	return w, nil
 }
 
-// meterUsage is how the new logs change each meter's period total. The
-// totals are exact for every period with allowance left (st.order read
-// them under the period's lock); a period past its allowance in both
-// meters crosses no threshold (thresholds are at most 100%).
+// meterUsage is how the new logs change each meter's period total (the
+// running totals newLogs left in st). The totals are exact for every
+// period with allowance left on a meter it feeds (st.order read them under
+// the period's lock); a period past the allowance of every meter it feeds
+// crosses no threshold (thresholds are at most 100%).
 func (w *writes) meterUsage(st *state) []alerts.Usage {
-	out := make([]alerts.Usage, 0, 2*len(w.deltaOrder))
+	out := make([]alerts.Usage, 0, 2*len(w.deltaOrder)+len(w.extra))
 	for _, p := range w.deltaOrder {
 		after, d := st.totals[p], w.deltas[p]
 		out = append(out,
-			alerts.Usage{Meter: alerts.MeterInput, PeriodStart: p, Included: st.allowance.InputTokens, Before: after.InputTokens - d.InputTokens, After: after.InputTokens},
-			alerts.Usage{Meter: alerts.MeterOutput, PeriodStart: p, Included: st.allowance.OutputTokens, Before: after.OutputTokens - d.OutputTokens, After: after.OutputTokens})
+			alerts.Usage{Meter: overage.MeterInput, PeriodStart: p, Included: st.allowance.InputTokens, Before: after.InputTokens - d.InputTokens, After: after.InputTokens},
+			alerts.Usage{Meter: overage.MeterOutput, PeriodStart: p, Included: st.allowance.OutputTokens, Before: after.OutputTokens - d.OutputTokens, After: after.OutputTokens})
+	}
+	for _, d := range w.extra {
+		after := st.extra[d.period][d.meter]
+		out = append(out, alerts.Usage{Meter: d.meter, PeriodStart: d.period, Included: st.included[d.meter], Before: after - d.tokens, After: after})
 	}
 	return out
 }
@@ -690,7 +831,7 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		b.Queue(idempotency.DeleteExpiredSQL, pgUUID(g.tenantID), e.key, e.expiresAt)
 	}
 	if len(w.logs) > 0 {
-		queueUsedUpGuard(b, g.tenantID, st, w.deltaOrder)
+		queueUsedUpGuard(b, g.tenantID, st, w.deltaOrder, w.extra)
 		n := len(w.deltaOrder)
 		starts, ordered := make([]time.Time, n), make([]bool, n)
 		ins, outs := make([]int64, n), make([]int64, n)
@@ -706,6 +847,9 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
 			    output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
 			pgUUID(g.tenantID), starts, ordered, ins, outs, st.slot)
+		if len(w.extra) > 0 {
+			queueMeterTotals(b, g.tenantID, st, w.extra)
+		}
 
 		m := len(w.logs)
 		ids, rids := make(pgArray[pgtype.UUID], m), make(pgArray[pgtype.Text], m)
@@ -715,14 +859,16 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		// The parts are rare: NULL arrays (one argument each) unless some
 		// event of the transaction reported one.
 		var reads, writes, reasons []*int64
+		var flat flatLines
 		for i, l := range w.logs {
+			flat.add(w.lines[i])
 			ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])
 			if l.RequestID != nil {
 				rids[i] = pgtype.Text{String: *l.RequestID, Valid: true}
 			}
 			users[i], models[i], statuses[i] = pgString(l.UserID), pgString(l.ModelID), pgString(l.BillingStatus)
 			in[i], out[i] = pgInt8(l.InputTokens), pgInt8(l.OutputTokens)
-			oin[i], oout[i] = pgInt8(l.Overage.InputTokens), pgInt8(l.Overage.OutputTokens)
+			oin[i], oout[i] = pgInt8(w.lines[i][0].Overage), pgInt8(w.lines[i][1].Overage)
 			if l.TokenParts != (overage.TokenParts{}) && reads == nil {
 				reads, writes, reasons = make([]*int64, m), make([]*int64, m), make([]*int64, m)
 			}
@@ -732,14 +878,21 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		}
 		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens)
+				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
+				meter_keys, meter_tokens, meter_overage)
 			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13,
-				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n]
+				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n],
+				x.keys, x.tokens, x.over
 			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
 				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[]) WITH ORDINALITY
 				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, n)
+			LEFT JOIN LATERAL (
+				SELECT ($17::text[])[lo:hi] AS keys, ($18::bigint[])[lo:hi] AS tokens, ($19::bigint[])[lo:hi] AS over
+				FROM (SELECT ($20::int[])[u.n] + 1 AS lo, ($20::int[])[u.n] + ($21::int[])[u.n] AS hi) AS r
+				WHERE ($21::int[])[u.n] > 0) AS x ON true
 			ORDER BY u.rid COLLATE "C"`,
-			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons)
+			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons,
+			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count)
 	}
 	n := len(active)
 	keys, fps, statuses, bodies, logIDs := make(pgArray[pgString], n), make([][]byte, n), make([]int32, n), make([][]byte, n), make(pgArray[pgtype.UUID], n)
@@ -790,8 +943,18 @@ var errAllowanceGivenBack = errors.New("a correction gave allowance back to the 
 //
 // A tenant without allowance needs none of this: no total is ever below
 // zero.
-func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time) {
-	if st.allowance.InputTokens == 0 && st.allowance.OutputTokens == 0 {
+func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time, extra []meterDelta) {
+	// The other meters with an allowance this transaction charged in an
+	// unordered period.
+	var extraPeriods []time.Time
+	var extraKeys []string
+	var extraIncs []int64
+	for _, d := range extra {
+		if inc := st.included[d.meter]; inc > 0 && !st.ordered[d.period] {
+			extraPeriods, extraKeys, extraIncs = append(extraPeriods, d.period), append(extraKeys, d.meter), append(extraIncs, inc)
+		}
+	}
+	if st.allowance.InputTokens == 0 && st.allowance.OutputTokens == 0 && len(extraKeys) == 0 {
 		return
 	}
 	type lock struct{ a, b int32 }
@@ -821,6 +984,36 @@ func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []tim
 			SELECT period_start FROM allowance_usage WHERE tenant_id = $1 AND period_start = ANY($2)
 			GROUP BY period_start HAVING sum(input_tokens) < $3 OR sum(output_tokens) < $4) AS given_back`,
 		pgUUID(tenantID), unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
+	if len(extraKeys) > 0 {
+		// The same for every other meter with an allowance: charged whole
+		// only because its total had reached it.
+		b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END
+			FROM unnest($2::timestamptz[], $3::text[], $4::bigint[]) AS a (start, meter, included)
+			WHERE (SELECT coalesce(sum(m.tokens), 0) FROM meter_usage m
+				WHERE m.tenant_id = $1 AND m.period_start = a.start AND m.meter = a.meter) < a.included`,
+			pgUUID(tenantID), extraPeriods, extraKeys, extraIncs)
+	}
+}
+
+// queueMeterTotals adds the tokens of the meters other than the defaults
+// to their period totals: an ordered period's slot 0, else the
+// transaction's slot, in (period, meter, slot) order, after
+// allowance_usage (every writer takes the two tables in that order).
+func queueMeterTotals(b *pgx.Batch, tenantID uuid.UUID, st *state, deltas []meterDelta) {
+	n := len(deltas)
+	starts, meters, slots, tokens := make([]time.Time, n), make([]string, n), make([]int16, n), make([]int64, n)
+	for i, d := range deltas {
+		starts[i], meters[i], tokens[i] = d.period, d.meter, d.tokens
+		if !st.ordered[d.period] {
+			slots[i] = st.slot
+		}
+	}
+	b.Queue(`INSERT INTO meter_usage AS a (tenant_id, period_start, meter, slot, tokens)
+		SELECT $1, d.start, d.meter, d.slot, d.tokens
+		FROM unnest($2::timestamptz[], $3::text[], $4::smallint[], $5::bigint[]) AS d (start, meter, slot, tokens)
+		ORDER BY d.start, d.meter COLLATE "C", d.slot
+		ON CONFLICT (tenant_id, period_start, meter, slot) DO UPDATE SET tokens = a.tokens + EXCLUDED.tokens`,
+		pgUUID(tenantID), starts, meters, slots, tokens)
 }
 
 // nullID is id as an SQL argument, NULL for uuid.Nil.
@@ -1016,18 +1209,28 @@ const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_toke
 	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
 	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
-	corrects, correction_reason`
+	corrects, correction_reason, meter_keys, meter_tokens, meter_overage, meter_leads, meter_accepted_at, corrected_by`
 
 func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	l := &overage.UsageLog{}
 	var inAt, outAt *time.Time
 	var inLead, outLead *uuid.UUID
+	var keys []string
+	var tokens, over []int64
+	var leads []pgtype.UUID
+	var accepted []pgtype.Timestamptz
 	if err := row.Scan(&l.ID, &l.TenantID, &l.RequestID, &l.Timestamp, &l.UserID, &l.ModelID, &l.InputTokens, &l.OutputTokens,
 		&l.CacheRead, &l.CacheWrite, &l.Reasoning,
 		&l.Overage.InputTokens, &l.Overage.OutputTokens, &l.BillingStatus, &l.BilledAt, &l.CreatedAt,
-		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason); err != nil {
+		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason,
+		&keys, &tokens, &over, &leads, &accepted, &l.CorrectedBy); err != nil {
 		return nil, err
 	}
+	lines, err := rowLines(l, inLead, outLead, inAt, outAt, keys, tokens, over, leads, accepted)
+	if err != nil {
+		return nil, err
+	}
+	l.Meters = lines
 	l.Kind = overage.KindUsage
 	if l.Corrects != nil {
 		l.Kind = overage.KindCorrection
@@ -1077,6 +1280,9 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	if err != nil {
 		return nil, dbError(fmt.Errorf("get usage log: %w", err))
 	}
+	if err := s.present(ctx, s.pool, l); err != nil {
+		return nil, dbError(err)
+	}
 	if err := s.withCorrections(ctx, l); err != nil {
 		return nil, dbError(err)
 	}
@@ -1104,11 +1310,11 @@ func dbError(err error) error {
 func asRecorded(l *overage.UsageLog) *overage.UsageLog {
 	then := *l
 	then.BillingStatus = overage.BillingStatusNotBillable
-	if then.Overage.Billable() {
+	if billable(then.Meters) {
 		then.BillingStatus = overage.BillingStatusPending
 	}
 	then.BilledAt, then.FirstAttemptAt, then.BillingMessage = nil, nil, nil
-	then.StripeEvents = meterEvents(then.Overage, [2]*uuid.UUID{}, [2]*time.Time{})
+	then.Meters, then.StripeEvents = asRecordedLines(then.Meters)
 	then.CorrectedTotals, then.Corrections = nil, nil
 	return &then
 }

@@ -148,6 +148,9 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 	l, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs
 		WHERE tenant_id = $1 AND request_id = $2 AND stream_request_id IS NULL`, p.TenantID, rid))
 	if err == nil {
+		if err := s.present(ctx, tx, l); err != nil {
+			return nil, err
+		}
 		out, err := renderSingle([]result{{log: l, duplicate: true}})
 		if err != nil {
 			return nil, err
@@ -199,6 +202,10 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 	down := overage.Overage{InputTokens: min(0, ev.InputTokens-st.totals.InputTokens), OutputTokens: min(0, ev.OutputTokens-st.totals.OutputTokens)}
 	var logs []*deltaLog
 	first := st.firstLog
+	cat, err := s.meters.Knowing(ctx, tx, nil)
+	if err != nil {
+		return nil, err
+	}
 	if up.InputTokens != 0 || up.OutputTokens != 0 {
 		var period time.Time
 		if err := tx.QueryRow(ctx, `SELECT `+periodOfSQL("$2::timestamptz"), p.TenantID, ev.Timestamp).Scan(&period); err != nil {
@@ -215,7 +222,8 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 			// with it is then a duplicate.
 			l.RequestID, first = &rid, &id
 		}
-		logs = append(logs, &deltaLog{log: l, period: period.UTC(), streamRID: &rid})
+		logs = append(logs, &deltaLog{log: l, period: period.UTC(), streamRID: &rid,
+			lines: deltaLines(cat, ev.ModelID, up.InputTokens, up.OutputTokens)})
 	}
 	if down.InputTokens != 0 || down.OutputTokens != 0 {
 		// Totals above zero were recorded, so the first log exists.
@@ -223,15 +231,24 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 		if err != nil {
 			return nil, fmt.Errorf("lock the stream's first usage log: %w", err)
 		}
-		c, _, err := correctionOf(ctx, tx, orig, down, fmt.Sprintf("final checkpoint %d of stream %s lowered its totals", cp.Sequence, rid))
+		if err := s.present(ctx, tx, orig); err != nil {
+			return nil, err
+		}
+		// The stream's own key lowers what it recorded while the stream
+		// is open (STREAM_IDLE_TIMEOUT): part of recording the call, not
+		// a refund after the fact, so no period-closed check.
+		by := p.KeyID.String()
+		c, _, err := correctionOf(ctx, tx, orig, down, fmt.Sprintf("final checkpoint %d of stream %s lowered its totals", cp.Sequence, rid),
+			by, true, s.closeGrace())
 		if err != nil {
 			return nil, err
 		}
 		c.streamRID = &rid
+		c.lines = deltaLines(cat, orig.ModelID, down.InputTokens, down.OutputTokens)
 		logs = append(logs, c)
 	}
 	for _, d := range logs {
-		if err := d.compute(ctx, tx); err != nil {
+		if err := d.compute(ctx, tx, cat); err != nil {
 			return nil, err
 		}
 	}
@@ -335,6 +352,11 @@ func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid strin
 	})
 	if err != nil {
 		return nil, dbError(fmt.Errorf("read usage logs by request_id: %w", err))
+	}
+	for i := range logs {
+		if err := s.present(ctx, s.pool, &logs[i]); err != nil {
+			return nil, dbError(err)
+		}
 	}
 	if len(logs) > p.Limit {
 		logs = logs[:p.Limit]

@@ -85,8 +85,9 @@ func TestStreamCheckpointsRecordOnlyIncreases(t *testing.T) {
 	requireStatus(t, r, http.StatusAccepted)
 	m := r.json(t)
 	c, _ := m["correction"].(map[string]any)
-	if m["output_tokens"] != float64(3) || m["input_tokens"] != float64(0) || c == nil || c["kind"] != "correction" || c["input_tokens"] != float64(-5) {
-		t.Fatalf("final checkpoint: %s", r.body)
+	if m["output_tokens"] != float64(3) || m["input_tokens"] != float64(0) || c == nil || c["kind"] != "correction" || c["input_tokens"] != float64(-5) ||
+		c["corrected_by"] != b.alice.APIKeyID.String() {
+		t.Fatalf("final checkpoint: %s (the correction by the stream's key %s)", r.body, b.alice.APIKeyID)
 	}
 	requireProblem(t, b.post(t, key, ckKey(rid, 4), checkpoint(rid, 4, false, 40, 8)), http.StatusConflict, "stream-closed")
 	r = b.post(t, key, "plain", event(25, 8)[:len(event(25, 8))-1]+`,"request_id":"`+rid+`"}`)

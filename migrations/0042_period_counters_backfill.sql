@@ -10,17 +10,20 @@
 -- Cost: one sequential scan of usage_logs and a GROUP BY (seconds per ten
 -- million logs), reading only; ingest and the workers go on. Run once:
 -- the migration table records it.
-INSERT INTO period_counters (tenant_id, period_start, billing_status, slot, usage_logs, overage_input_tokens, overage_output_tokens)
-SELECT d.tenant_id, d.period_start, d.billing_status, -1, sum(d.n)::bigint, sum(d.i)::bigint, sum(d.o)::bigint
+INSERT INTO period_counters (tenant_id, period_start, meter, billing_status, slot, overage_tokens)
+SELECT d.tenant_id, d.period_start, d.meter, d.billing_status, -1, sum(d.o)::bigint
 FROM (
-    SELECT tenant_id, period_start, billing_status, count(*) AS n,
-           sum(overage_input_tokens) AS i, sum(overage_output_tokens) AS o
-    FROM usage_logs
-    GROUP BY tenant_id, period_start, billing_status
+    SELECT u.tenant_id, u.period_start, m.meter, u.billing_status, sum(m.o) AS o
+    FROM usage_logs u CROSS JOIN LATERAL (
+        SELECT 'input'::text AS meter, u.overage_input_tokens AS o
+        UNION ALL SELECT 'output', u.overage_output_tokens
+        UNION ALL SELECT x.k, x.o FROM unnest(u.meter_keys, u.meter_overage) AS x (k, o)
+    ) AS m
+    GROUP BY 1, 2, 3, 4
     UNION ALL
-    SELECT tenant_id, period_start, billing_status, -sum(usage_logs), -sum(overage_input_tokens), -sum(overage_output_tokens)
+    SELECT tenant_id, period_start, meter, billing_status, -sum(overage_tokens)
     FROM period_counters
-    GROUP BY tenant_id, period_start, billing_status
+    GROUP BY 1, 2, 3, 4
 ) AS d
-GROUP BY d.tenant_id, d.period_start, d.billing_status
-HAVING sum(d.n) <> 0 OR sum(d.i) <> 0 OR sum(d.o) <> 0;
+GROUP BY d.tenant_id, d.period_start, d.meter, d.billing_status
+HAVING sum(d.o) <> 0;

@@ -51,6 +51,10 @@ type Params struct {
 	// MeterInputEvent and MeterOutputEvent are the meter event names
 	// (default DefaultMeterInputEvent, DefaultMeterOutputEvent).
 	MeterInputEvent, MeterOutputEvent string
+	// Meters are the catalog's meters other than the defaults (archived
+	// ones too: usage they took is still billed on them), compared by
+	// their event names beside the defaults'.
+	Meters []overage.Meter
 	// SettleAfter: rows newer than now minus this are too_recent; zero
 	// judges every window that has ended, negative is an error. The CLI's
 	// default is DefaultSettleAfter.
@@ -211,6 +215,23 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		dim  overage.Dimension
 		name string
 	}{{overage.DimensionInput, p.MeterInputEvent}, {overage.DimensionOutput, p.MeterOutputEvent}}
+	// One row per event name: meters sharing a Stripe meter are summed,
+	// and Stripe's side is read once.
+	names := map[string]bool{p.MeterInputEvent: true, p.MeterOutputEvent: true}
+	eventOf := map[string]string{}
+	for _, m := range p.Meters {
+		if overage.IsDefaultMeter(m.Key) {
+			continue
+		}
+		eventOf[m.Key] = m.EventName
+		if !names[m.EventName] {
+			names[m.EventName] = true
+			dims = append(dims, struct {
+				dim  overage.Dimension
+				name string
+			}{overage.Dimension(m.Key), m.EventName})
+		}
+	}
 
 	meters, err := stripe.Meters(ctx)
 	if err != nil {
@@ -233,6 +254,9 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 
 	db1, activity, err := billed(ctx, db, from, end, cutoff, tenantIDs, p.MeterInputEvent, p.MeterOutputEvent)
 	if err != nil {
+		return nil, err
+	}
+	if err := billedOnMeters(ctx, db, from, end, tenantIDs, eventOf, db1); err != nil {
 		return nil, err
 	}
 	st, err := summaries(ctx, stripe, p, from, end, customers, rep.Meters)
@@ -418,6 +442,47 @@ func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, ten
 		return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
 	}
 	return sums, activity, nil
+}
+
+// billedOnMeters adds to sums the billed overage of the meters other than
+// the defaults (the usage logs' meter_* arrays), per customer, event name
+// and day. Activity needs nothing more: a log's first_attempt_at and
+// billed_at cover its lines of every meter.
+func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, tenantIDs []uuid.UUID, eventOf map[string]string,
+	sums map[rowKey]int64) error {
+	if len(eventOf) == 0 {
+		return nil
+	}
+	q := `SELECT t.stripe_customer_id, to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'), x.k, sum(x.o)::bigint
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage) AS x (k, o)
+		WHERE u.ts >= $1 AND u.ts < $2 AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
+	args := []any{from, end}
+	if tenantIDs != nil {
+		q += ` AND u.tenant_id = ANY($3)`
+		args = append(args, tenantIDs)
+	}
+	q += ` GROUP BY 1, 2, 3`
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var cus, day, key string
+		var n int64
+		if err := rows.Scan(&cus, &day, &key, &n); err != nil {
+			return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
+		}
+		name, ok := eventOf[key]
+		if !ok {
+			return fmt.Errorf("reconcile: usage logs name the meter %q, which the catalog does not hold", key)
+		}
+		sums[rowKey{cus, name, day}] += n
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
+	}
+	return nil
 }
 
 // summaries reads Stripe's daily summaries for every customer and meter.

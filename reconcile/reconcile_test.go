@@ -19,6 +19,7 @@ import (
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/reconcile"
 	"github.com/overage-billing/overage/stripeclient"
@@ -52,7 +53,7 @@ type fixture struct {
 	day              func(time.Time) string
 }
 
-func newFixture(t *testing.T, opts emulator.Options) *fixture {
+func newFixture(t *testing.T, opts emulator.Options, before ...func(*pgxpool.Pool)) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(t)
@@ -95,6 +96,9 @@ func newFixture(t *testing.T, opts emulator.Options) *fixture {
 		f.tenants[c.cus] = tn
 	}
 
+	for _, b := range before {
+		b(pool)
+	}
 	y, d := f.yesterday, f.today
 	ids := []uuid.UUID{
 		f.record(t, "cus_a", y.Add(12*time.Hour), 100, 10),
@@ -531,5 +535,42 @@ func TestParamsAreValidated(t *testing.T) {
 		if (err == nil) != tc.ok || !got.Equal(tc.want) {
 			t.Errorf("ParseDay(%q) = %v, %v", tc.in, got, err)
 		}
+	}
+}
+
+// Usage on a meter other than the defaults is reconciled under its event
+// name: the fixture's output tokens (model "m") all go to a per-model
+// meter, and its rows match Stripe's where the default output meter's
+// used to.
+func TestMetersAreReconciledByTheirEventNames(t *testing.T) {
+	t.Parallel()
+	store := func(pool *pgxpool.Pool) *meters.Store { return meters.NewStore(pool, inMeter, outMeter) }
+	f := newFixture(t, emulator.Options{}, func(pool *pgxpool.Pool) {
+		if _, err := store(pool).Create(context.Background(), meters.CreateParams{
+			Key: "m_output", EventName: "m_output_tokens", TokenType: overage.TokenOutput, Models: []string{"m"}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ms, err := store(f.pool).List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := f.run(t, reconcile.Params{SettleAfter: settled, Meters: ms})
+	y := f.day(f.yesterday)
+	got := map[string]reconcile.Row{}
+	for _, r := range rep.Rows {
+		got[r.Customer+"|"+r.Meter+"|"+r.Day] = r
+		if r.Meter == outMeter {
+			t.Errorf("a row on the default output meter, which took nothing: %+v", r)
+		}
+	}
+	for cus, want := range map[string]int64{"cus_a": 10, "cus_b": 20, "cus_capped": 10} {
+		r := got[cus+"|m_output_tokens|"+y]
+		if r.Status != reconcile.StatusMatch || r.Database != want || r.Stripe != want {
+			t.Errorf("%s m_output_tokens %s: %+v, want a match of %d", cus, y, r, want)
+		}
+	}
+	if !rep.OK() || len(rep.Meters) != 3 {
+		t.Fatalf("OK %v, meters %+v%s", rep.OK(), rep.Meters, dumpRows(rep))
 	}
 }

@@ -118,6 +118,7 @@ func redactedKey(key string) string {
 // Client sends meter events to Stripe. It is safe for concurrent use.
 type Client struct {
 	events    meterevent.Client
+	customers customerClient
 	secretKey string
 	apiBase   string
 	limiter   *rate.Limiter
@@ -191,6 +192,7 @@ func New(cfg Config) (*Client, error) {
 
 	c := &Client{
 		events:    meterevent.Client{B: backend, Key: cfg.SecretKey},
+		customers: customerClient{B: backend, Key: cfg.SecretKey},
 		secretKey: cfg.SecretKey,
 		apiBase:   cfg.APIBase,
 		limiter:   rate.NewLimiter(rate.Limit(cfg.RateLimit), cfg.Burst),

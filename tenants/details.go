@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/alerts"
@@ -62,7 +63,7 @@ type listKey struct {
 // in one statement; $1 NULL reads them all, from after ($2, $3) in the
 // order, at most $4 of them (NULL: no limit).
 const detailsQuery = `
-	SELECT t.id, t.name, t.stripe_customer_id, t.included_input_tokens, t.included_output_tokens, t.created_at,
+	SELECT t.id, t.name, t.stripe_customer_id, t.included_input_tokens, t.included_output_tokens, t.included_meters, t.created_at,
 	       t.suspended_at, t.suspended_reason, t.alert_url, coalesce(t.alert_thresholds, '{}')::int[],
 	       s.stripe_subscription_id, s.status, s.current_period_start, s.current_period_end,
 	       coalesce((SELECT json_agg(json_build_object('id', k.id, 'prefix', k.key_prefix,
@@ -138,10 +139,16 @@ func (s *Store) details(ctx context.Context, id *uuid.UUID, after *listKey, limi
 		var d Details
 		var subID, subStatus *string
 		var subStart, subEnd *time.Time
-		if err := rows.Scan(&d.ID, &d.Name, &d.StripeCustomerID, &d.IncludedInputTokens, &d.IncludedOutputTokens, &d.CreatedAt,
+		var extra []byte
+		if err := rows.Scan(&d.ID, &d.Name, &d.StripeCustomerID, &d.IncludedInputTokens, &d.IncludedOutputTokens, &extra, &d.CreatedAt,
 			&d.SuspendedAt, &d.SuspendedReason, &d.AlertURL, &d.AlertAt, &subID, &subStatus, &subStart, &subEnd, &d.APIKeys); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read tenants: %w", err)
+		}
+		var err error
+		if d.Included, err = included(d.IncludedInputTokens, d.IncludedOutputTokens, extra); err != nil {
+			rows.Close()
+			return nil, err
 		}
 		if subID != nil {
 			d.Subscription = &Subscription{ID: *subID, Status: *subStatus, CurrentPeriodStart: *subStart, CurrentPeriodEnd: *subEnd}
@@ -160,6 +167,10 @@ type UpdateParams struct {
 	StripeCustomerID     *string `json:"stripe_customer_id"`
 	IncludedInputTokens  *int64  `json:"included_input_tokens"`
 	IncludedOutputTokens *int64  `json:"included_output_tokens"`
+	// Included changes the allowances of the meters it names and no
+	// other; 0 is no allowance. included.input and included.output are
+	// the two fields above (both given, they must agree).
+	Included map[string]int64 `json:"included"`
 	// AlertURL sets the alert endpoint (a new signing secret is issued and
 	// shown once); "" removes it and its secret. AlertAt sets the
 	// thresholds, percentages 1 to 100; [] removes them.
@@ -167,27 +178,44 @@ type UpdateParams struct {
 	AlertAt  *[]int  `json:"alert_at"`
 }
 
+// Empty reports whether p names nothing to change.
+func (p UpdateParams) Empty() bool {
+	return p.Name == nil && p.StripeCustomerID == nil && p.IncludedInputTokens == nil && p.IncludedOutputTokens == nil &&
+		len(p.Included) == 0 && p.AlertURL == nil && p.AlertAt == nil
+}
+
 // Validate reports every problem with p at once.
 func (p UpdateParams) Validate() error {
+	_, _, err := p.allowances()
+	return err
+}
+
+// allowances validates p and returns the default meters' new allowances
+// (nil: unchanged).
+func (p UpdateParams) allowances() (in, out *int64, err error) {
 	var fields []overage.FieldError
-	if p.Name == nil && p.StripeCustomerID == nil && p.IncludedInputTokens == nil && p.IncludedOutputTokens == nil &&
-		p.AlertURL == nil && p.AlertAt == nil {
+	if p.Empty() {
 		fields = append(fields, overage.FieldError{Field: "body", Detail: "names nothing to change"})
 	}
 	if p.Name != nil && strings.TrimSpace(*p.Name) == "" {
 		fields = append(fields, overage.FieldError{Field: "name", Detail: "must not be empty"})
+	} else if p.Name != nil && strings.ContainsRune(*p.Name, 0) {
+		fields = append(fields, overage.FieldError{Field: "name", Detail: "must not hold a NUL character"})
 	}
 	if p.StripeCustomerID != nil {
 		fields = append(fields, validateCustomer(*p.StripeCustomerID)...)
 	}
-	var in, out int64
+	var oldIn, oldOut int64
 	if p.IncludedInputTokens != nil {
-		in = *p.IncludedInputTokens
+		oldIn = *p.IncludedInputTokens
 	}
 	if p.IncludedOutputTokens != nil {
-		out = *p.IncludedOutputTokens
+		oldOut = *p.IncludedOutputTokens
 	}
-	fields = append(fields, validateAllowance(in, out)...)
+	fields = append(fields, validateAllowance(oldIn, oldOut)...)
+	fields = append(fields, validateIncluded(p.Included)...)
+	fields = append(fields, alias(p.Included, overage.MeterInput, "included_input_tokens", p.IncludedInputTokens)...)
+	fields = append(fields, alias(p.Included, overage.MeterOutput, "included_output_tokens", p.IncludedOutputTokens)...)
 	if p.AlertURL != nil && *p.AlertURL != "" {
 		if u, err := url.Parse(*p.AlertURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(*p.AlertURL) > 2048 {
 			fields = append(fields, overage.FieldError{Field: "alert_url", Detail: "must be an absolute http or https URL (at most 2048 characters), or empty to remove it"})
@@ -207,20 +235,33 @@ func (p UpdateParams) Validate() error {
 		}
 	}
 	if len(fields) > 0 {
-		return overage.Invalid(fields, "invalid tenant update")
+		return nil, nil, overage.Invalid(fields, "invalid tenant update")
 	}
-	return nil
+	pick := func(key string, old *int64) *int64 {
+		if n, ok := p.Included[key]; ok {
+			return &n
+		}
+		return old
+	}
+	return pick(overage.MeterInput, p.IncludedInputTokens), pick(overage.MeterOutput, p.IncludedOutputTokens), nil
 }
 
 // Update changes a tenant and returns its details. Ingest reads the
 // allowance when it records each event, so a new allowance applies to
-// usage recorded after the change; no recorded log is recomputed.
+// usage recorded after the change; no recorded log is recomputed. A new
+// Stripe customer for a suspended tenant lifts the suspension, once Stripe
+// confirms it knows the customer (see suspension.go).
+//
+// "included" replaces the allowances of the meters it names only: the
+// keys it sets to 0 leave included_meters, the others are set, and every
+// other key stays as it was.
 func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Details, error) {
-	if err := p.Validate(); err != nil {
+	in, out, err := p.allowances()
+	if err != nil {
 		return nil, err
 	}
-	// The secret is issued with the URL: $6 says whether the URL changes,
-	// $7 is the new secret (NULL when the URL is removed).
+	// The secret is issued with the URL: $8 says whether the URL changes,
+	// $9 is the new secret (NULL when the URL is removed).
 	var secret *string
 	if p.AlertURL != nil && *p.AlertURL != "" {
 		sec, err := alerts.NewSecret()
@@ -237,20 +278,55 @@ func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Deta
 		}
 		slices.Sort(thresholds)
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET
-		name = coalesce($2, name), stripe_customer_id = coalesce($3, stripe_customer_id),
-		included_input_tokens = coalesce($4, included_input_tokens),
-		included_output_tokens = coalesce($5, included_output_tokens),
-		alert_url = CASE WHEN $6::text IS NULL THEN alert_url ELSE nullif($6, '') END,
-		alert_secret = CASE WHEN $6::text IS NULL THEN alert_secret ELSE $7 END,
-		alert_thresholds = CASE WHEN $8 THEN $9::smallint[] ELSE alert_thresholds END
-		WHERE id = $1`, id, p.Name, p.StripeCustomerID, p.IncludedInputTokens, p.IncludedOutputTokens,
-		p.AlertURL, secret, p.AlertAt != nil, thresholds)
-	if err != nil {
-		return nil, fmt.Errorf("update tenant: %w", err)
+	set := map[string]int64{}
+	drop := []string{}
+	for k, n := range extraIncluded(p.Included) {
+		if n == 0 {
+			drop = append(drop, k)
+		} else {
+			set[k] = n
+		}
 	}
-	if tag.RowsAffected() == 0 {
-		return nil, errTenantNotFound(id)
+	lift, err := s.checkLift(ctx, id, p)
+	if err != nil {
+		return nil, err
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := checkMeters(ctx, tx, p.Included); err != nil {
+			return err
+		}
+		var oldCustomer string
+		if lift {
+			// Read under the row lock: the customer replaced is the one
+			// this update replaces.
+			if err := tx.QueryRow(ctx, `SELECT stripe_customer_id FROM tenants WHERE id = $1 FOR UPDATE`, id).Scan(&oldCustomer); err != nil {
+				return fmt.Errorf("lock tenant %s: %w", id, err)
+			}
+		}
+		// One statement: a concurrent update of other keys is neither lost
+		// nor overwritten (the row lock orders the two).
+		tag, err := tx.Exec(ctx, `UPDATE tenants SET
+			name = coalesce($2, name), stripe_customer_id = coalesce($3, stripe_customer_id),
+			included_input_tokens = coalesce($4, included_input_tokens),
+			included_output_tokens = coalesce($5, included_output_tokens),
+			included_meters = (included_meters - $6::text[]) || $7::jsonb,
+			alert_url = CASE WHEN $8::text IS NULL THEN alert_url ELSE nullif($8, '') END,
+			alert_secret = CASE WHEN $8::text IS NULL THEN alert_secret ELSE $9 END,
+			alert_thresholds = CASE WHEN $10 THEN $11::smallint[] ELSE alert_thresholds END
+			WHERE id = $1`, id, p.Name, p.StripeCustomerID, in, out, drop, set, p.AlertURL, secret, p.AlertAt != nil, thresholds)
+		if err != nil {
+			return fmt.Errorf("update tenant: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return errTenantNotFound(id)
+		}
+		if lift {
+			return s.liftTx(ctx, tx, id, oldCustomer)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	d, err := s.Show(ctx, id)
 	if err != nil {

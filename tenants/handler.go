@@ -78,6 +78,9 @@ type createBody struct {
 	StripeCustomerID     string `json:"stripe_customer_id"`
 	IncludedInputTokens  int64  `json:"included_input_tokens"`
 	IncludedOutputTokens int64  `json:"included_output_tokens"`
+	// Included is the allowance per meter key; included_input_tokens and
+	// included_output_tokens are included.input and included.output.
+	Included map[string]int64 `json:"included"`
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request) {

@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -25,7 +26,12 @@ import (
 const keyPrefix = "ovg_"
 
 // Store reads and writes tenants and API keys.
-type Store struct{ pool *pgxpool.Pool }
+type Store struct {
+	pool *pgxpool.Pool
+	// customers and reports lift suspensions (WithStripe); nil here.
+	customers CustomerChecker
+	reports   ReportQueuer
+}
 
 // NewStore returns a Store on pool.
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
@@ -36,21 +42,48 @@ type CreateParams struct {
 	StripeCustomerID     string
 	IncludedInputTokens  int64
 	IncludedOutputTokens int64
+	// Included is the allowance per meter key; "input" and "output" may
+	// stand for the two fields above (0 there: not given), which they
+	// must then agree with.
+	Included map[string]int64
 }
 
 // Validate reports every problem with p at once. Fields carry their JSON
 // names; the CLI translates them to its flags.
 func (p CreateParams) Validate() error {
+	_, _, err := p.allowances()
+	return err
+}
+
+// allowances validates p and returns the default meters' allowances.
+func (p CreateParams) allowances() (in, out int64, err error) {
 	var fields []overage.FieldError
 	if strings.TrimSpace(p.Name) == "" {
 		fields = append(fields, overage.FieldError{Field: "name", Detail: "is required"})
+	} else if strings.ContainsRune(p.Name, 0) {
+		// PostgreSQL refuses a NUL in text: a 500 for the caller's mistake.
+		fields = append(fields, overage.FieldError{Field: "name", Detail: "must not hold a NUL character"})
 	}
 	fields = append(fields, validateCustomer(p.StripeCustomerID)...)
 	fields = append(fields, validateAllowance(p.IncludedInputTokens, p.IncludedOutputTokens)...)
-	if len(fields) > 0 {
-		return overage.Invalid(fields, "invalid tenant")
+	fields = append(fields, validateIncluded(p.Included)...)
+	in, out = p.IncludedInputTokens, p.IncludedOutputTokens
+	if in != 0 {
+		fields = append(fields, alias(p.Included, overage.MeterInput, "included_input_tokens", &in)...)
 	}
-	return nil
+	if out != 0 {
+		fields = append(fields, alias(p.Included, overage.MeterOutput, "included_output_tokens", &out)...)
+	}
+	if n, ok := p.Included[overage.MeterInput]; ok {
+		in = n
+	}
+	if n, ok := p.Included[overage.MeterOutput]; ok {
+		out = n
+	}
+	if len(fields) > 0 {
+		return 0, 0, overage.Invalid(fields, "invalid tenant")
+	}
+	return in, out, nil
 }
 
 func validateCustomer(id string) []overage.FieldError {
@@ -80,22 +113,35 @@ type Created struct {
 
 // Create inserts a tenant and its first API key in one transaction.
 func (s *Store) Create(ctx context.Context, p CreateParams) (*Created, error) {
-	if err := p.Validate(); err != nil {
+	in, out, err := p.allowances()
+	if err != nil {
 		return nil, err
 	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return nil, fmt.Errorf("tenant id: %w", err)
 	}
+	// An allowance of 0 is no allowance: not stored, so included_meters
+	// holds only what changes a split.
+	extra := extraIncluded(p.Included)
+	maps.DeleteFunc(extra, func(_ string, n int64) bool { return n == 0 })
 	c := &Created{Tenant: overage.Tenant{
 		ID: id, Name: p.Name, StripeCustomerID: p.StripeCustomerID,
-		IncludedInputTokens: p.IncludedInputTokens, IncludedOutputTokens: p.IncludedOutputTokens,
+		IncludedInputTokens: in, IncludedOutputTokens: out,
 	}}
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO tenants (id, name, stripe_customer_id, included_input_tokens, included_output_tokens)
-			VALUES ($1, $2, $3, $4, $5) RETURNING created_at`,
-			id, p.Name, p.StripeCustomerID, p.IncludedInputTokens, p.IncludedOutputTokens).Scan(&c.CreatedAt); err != nil {
+		if err := checkMeters(ctx, tx, p.Included); err != nil {
+			return err
+		}
+		var stored []byte
+		if err := tx.QueryRow(ctx, `INSERT INTO tenants (id, name, stripe_customer_id, included_input_tokens, included_output_tokens, included_meters)
+			VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at, included_meters`,
+			id, p.Name, p.StripeCustomerID, in, out, extra).Scan(&c.CreatedAt, &stored); err != nil {
 			return fmt.Errorf("insert tenant: %w", err)
+		}
+		var err error
+		if c.Included, err = included(in, out, stored); err != nil {
+			return err
 		}
 		key, err := createKey(ctx, tx, id)
 		if err != nil {
@@ -208,23 +254,28 @@ func (s *Store) RevokeKey(ctx context.Context, key string) error {
 	return nil
 }
 
-// Authenticate returns the tenant id that key belongs to, or an
-// EUNAUTHORIZED error for a missing, unknown or revoked key.
-func (s *Store) Authenticate(ctx context.Context, key string) (uuid.UUID, error) {
+// Authenticate returns who key speaks for — its tenant, the key's id and
+// whether the tenant is suspended — or an EUNAUTHORIZED error for a
+// missing, unknown or revoked key. One statement: the suspension is read
+// with the key, by the tenant's primary key, so checking it costs no
+// query of its own.
+func (s *Store) Authenticate(ctx context.Context, key string) (overage.Principal, error) {
 	if !WellFormedKey(key) {
 		// No key of ours looks like this: refused without a query, so a
 		// flood of made-up keys costs the database nothing.
-		return uuid.Nil, errUnauthorized
+		return overage.Principal{}, errUnauthorized
 	}
-	var id uuid.UUID
-	err := s.pool.QueryRow(ctx, `SELECT tenant_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL`, hashKey(key)).Scan(&id)
+	var p overage.Principal
+	err := s.pool.QueryRow(ctx, `SELECT k.tenant_id, k.id, t.suspended_at IS NOT NULL
+		FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+		WHERE k.key_hash = $1 AND k.revoked_at IS NULL`, hashKey(key)).Scan(&p.TenantID, &p.KeyID, &p.Suspended)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return uuid.Nil, errUnauthorized
+		return overage.Principal{}, errUnauthorized
 	}
 	if err != nil {
-		return uuid.Nil, fmt.Errorf("authenticate: %w", err)
+		return overage.Principal{}, fmt.Errorf("authenticate: %w", err)
 	}
-	return id, nil
+	return p, nil
 }
 
 // keyLen is the length of every API key: the prefix and 32 random bytes
@@ -256,13 +307,17 @@ func hashKey(key string) []byte {
 // Get returns one tenant.
 func (s *Store) Get(ctx context.Context, id uuid.UUID) (*overage.Tenant, error) {
 	t := &overage.Tenant{}
-	err := s.pool.QueryRow(ctx, `SELECT id, name, stripe_customer_id, included_input_tokens, included_output_tokens, created_at
-		FROM tenants WHERE id = $1`, id).Scan(&t.ID, &t.Name, &t.StripeCustomerID, &t.IncludedInputTokens, &t.IncludedOutputTokens, &t.CreatedAt)
+	var extra []byte
+	err := s.pool.QueryRow(ctx, `SELECT id, name, stripe_customer_id, included_input_tokens, included_output_tokens, included_meters, created_at
+		FROM tenants WHERE id = $1`, id).Scan(&t.ID, &t.Name, &t.StripeCustomerID, &t.IncludedInputTokens, &t.IncludedOutputTokens, &extra, &t.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, errTenantNotFound(id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get tenant: %w", err)
+	}
+	if t.Included, err = included(t.IncludedInputTokens, t.IncludedOutputTokens, extra); err != nil {
+		return nil, err
 	}
 	return t, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/overage-billing/overage"
 )
@@ -28,10 +29,14 @@ const maxSingleLogReports = 100
 type candidate struct {
 	id              uuid.UUID
 	ts, period      time.Time
-	overage         overage.Overage
-	need            map[overage.Dimension]bool
+	overage         map[overage.Dimension]int64
+	need            []overage.Dimension
 	firstAttemptAt  *time.Time
 	singleLogReport bool
+	// The lines of meters other than the defaults (see migrations/0031):
+	// their keys and report leads, element by element.
+	extraKeys  []string
+	extraLeads []*uuid.UUID
 }
 
 type groupKey struct {
@@ -72,10 +77,7 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 				}
 				singles++
 			}
-			for _, d := range overage.Dimensions {
-				if !c.need[d] {
-					continue
-				}
+			for _, d := range c.need {
 				k := groupKey{d: d, period: c.period, day: c.ts.UTC().Truncate(24 * time.Hour)}
 				if c.singleLogReport {
 					k.single = c.id
@@ -87,6 +89,7 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 			}
 		}
 		leads := map[uuid.UUID]*[2]*uuid.UUID{}
+		byID := map[uuid.UUID]*candidate{}
 		var ids []uuid.UUID
 		for _, k := range order {
 			r, err := insertReport(ctx, tx, p, k, groups[k])
@@ -99,29 +102,48 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 				if !ok {
 					l = &[2]*uuid.UUID{}
 					leads[c.id] = l
+					byID[c.id] = c
 					ids = append(ids, c.id)
 				}
-				l[dimIndex(k.d)] = &lead
+				switch k.d {
+				case overage.DimensionInput:
+					l[0] = &lead
+				case overage.DimensionOutput:
+					l[1] = &lead
+				default:
+					for i, key := range c.extraKeys {
+						if key == string(k.d) {
+							c.extraLeads[i] = &lead
+						}
+					}
+				}
 			}
 			out = append(out, r)
 		}
 		in, outLeads := make([]*uuid.UUID, len(ids)), make([]*uuid.UUID, len(ids))
+		// Each log's whole meter_leads array, flat: offsets and counts.
+		var flat []*uuid.UUID
+		offs, counts := make([]int32, len(ids)), make([]int32, len(ids))
 		for i, id := range ids {
 			in[i], outLeads[i] = leads[id][0], leads[id][1]
+			c := byID[id]
+			offs[i], counts[i] = int32(len(flat)), int32(len(c.extraKeys))
+			flat = append(flat, c.extraLeads...)
 		}
 		if _, err := tx.Exec(ctx, `UPDATE usage_logs u SET
 				input_report_lead = coalesce(v.inl, u.input_report_lead),
 				output_report_lead = coalesce(v.outl, u.output_report_lead),
+				meter_leads = CASE WHEN v.cnt > 0 THEN ($4::uuid[])[v.off + 1 : v.off + v.cnt] ELSE u.meter_leads END,
 				first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now()
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[]) AS v (id, inl, outl)
-			WHERE u.id = v.id`, ids, in, outLeads); err != nil {
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[], $6::int[]) AS v (id, inl, outl, off, cnt)
+			WHERE u.id = v.id`, ids, in, outLeads, flat, offs, counts); err != nil {
 			return fmt.Errorf("record report membership: %w", err)
 		}
 		open := out[:0]
-		var zero [2][][]uuid.UUID
+		zero := acceptedMembers{}
 		for _, r := range out {
 			if r.State == ReportAccepted {
-				zero[dimIndex(r.Dimension)] = append(zero[dimIndex(r.Dimension)], r.Members)
+				zero.add(r.Dimension, r.Members)
 				continue
 			}
 			open = append(open, r)
@@ -136,13 +158,6 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 	return out, nil
 }
 
-func dimIndex(d overage.Dimension) int {
-	if d == overage.DimensionInput {
-		return 0
-	}
-	return 1
-}
-
 // lockCandidates reads and locks the tenant's oldest pending logs with a
 // dimension in no report yet, walking the (tenant_id, created_at) pending
 // index in its order (no sort: a tie on created_at, as a bulk insert makes,
@@ -151,22 +166,56 @@ func dimIndex(d overage.Dimension) int {
 func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit int) ([]*candidate, error) {
 	const needIn = `(overage_input_tokens <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`
 	const needOut = `(overage_output_tokens <> 0 AND output_report_lead IS NULL AND output_accepted_at IS NULL)`
+	// A line of another meter with overage, in no report, not accepted.
+	const needExtra = `(meter_keys IS NOT NULL AND EXISTS (
+		SELECT 1 FROM unnest(meter_overage, meter_leads, meter_accepted_at) AS x (o, l, a)
+		WHERE x.o <> 0 AND x.l IS NULL AND x.a IS NULL))`
 	rows, err := tx.Query(ctx, `SELECT id, ts, period_start, overage_input_tokens, overage_output_tokens, `+needIn+`, `+needOut+`,
-			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL
+			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL,
+			meter_keys, meter_overage, meter_leads, meter_accepted_at
 		FROM usage_logs
-		WHERE tenant_id = $1 AND billing_status = 'pending' AND (`+needIn+` OR `+needOut+`)
+		WHERE tenant_id = $1 AND billing_status = 'pending' AND (`+needIn+` OR `+needOut+` OR `+needExtra+`)
 		ORDER BY created_at LIMIT $2
 		FOR UPDATE SKIP LOCKED`, tenantID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("lock pending usage logs: %w", err)
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (*candidate, error) {
-		c := &candidate{need: map[overage.Dimension]bool{}}
+		c := &candidate{overage: map[overage.Dimension]int64{}}
 		var in, out bool
-		err := row.Scan(&c.id, &c.ts, &c.period, &c.overage.InputTokens, &c.overage.OutputTokens, &in, &out, &c.firstAttemptAt, &c.singleLogReport)
-		c.need[overage.DimensionInput], c.need[overage.DimensionOutput] = in, out
+		var oin, oout int64
+		var over []int64
+		var leads []pgtype.UUID
+		var accepted []pgtype.Timestamptz
+		err := row.Scan(&c.id, &c.ts, &c.period, &oin, &oout, &in, &out, &c.firstAttemptAt, &c.singleLogReport,
+			&c.extraKeys, &over, &leads, &accepted)
+		if err != nil {
+			return nil, err
+		}
+		c.overage[overage.DimensionInput], c.overage[overage.DimensionOutput] = oin, oout
+		if in {
+			c.need = append(c.need, overage.DimensionInput)
+		}
+		if out {
+			c.need = append(c.need, overage.DimensionOutput)
+		}
+		c.extraLeads = make([]*uuid.UUID, len(c.extraKeys))
+		for i, k := range c.extraKeys {
+			if i < len(leads) && leads[i].Valid {
+				id := uuid.UUID(leads[i].Bytes)
+				c.extraLeads[i] = &id
+			}
+			if i >= len(over) {
+				return nil, fmt.Errorf("usage log %s: %d meter keys, %d overages", c.id, len(c.extraKeys), len(over))
+			}
+			c.overage[overage.Dimension(k)] += over[i]
+			done := i < len(accepted) && accepted[i].Valid
+			if over[i] != 0 && c.extraLeads[i] == nil && !done {
+				c.need = append(c.need, overage.Dimension(k))
+			}
+		}
 		c.ts, c.period = c.ts.UTC(), c.period.UTC()
-		return c, err
+		return c, nil
 	})
 }
 
@@ -175,7 +224,7 @@ func insertReport(ctx context.Context, tx pgx.Tx, p FormParams, k groupKey, memb
 	var first *time.Time
 	for _, c := range members {
 		r.Members = append(r.Members, c.id)
-		r.Value += c.overage.Of(k.d)
+		r.Value += c.overage[k.d]
 		if c.ts.After(r.Timestamp) {
 			r.Timestamp = c.ts
 		}

@@ -92,7 +92,9 @@ func (s *Store) ResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, to overa
 		FROM usage_logs u
 		WHERE u.id = $1 AND r.state IN ('needs_review', 'failed')
 			AND ((r.dimension = 'input' AND r.lead_usage_log_id = u.input_report_lead)
-				OR (r.dimension = 'output' AND r.lead_usage_log_id = u.output_report_lead))
+				OR (r.dimension = 'output' AND r.lead_usage_log_id = u.output_report_lead)
+				OR EXISTS (SELECT 1 FROM unnest(u.meter_keys, u.meter_leads) AS x (k, l)
+					WHERE x.k = r.dimension AND x.l = r.lead_usage_log_id))
 		RETURNING r.member_ids`, id, string(state), message)
 	if err != nil {
 		return nil, fmt.Errorf("resolve reports of usage log %s: %w", id, err)
@@ -117,7 +119,7 @@ func (s *Store) ResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, to overa
 	rows, err = tx.Query(ctx, `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now(),
 			billed_at = CASE $2 WHEN 'billed' THEN now() WHEN 'pending' THEN NULL ELSE billed_at END,
 			first_attempt_at = CASE WHEN $2 <> 'pending' THEN first_attempt_at
-				WHEN input_report_lead IS NULL AND output_report_lead IS NULL THEN NULL ELSE now() END
+				WHEN input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL THEN NULL ELSE now() END
 		WHERE id = ANY($1) AND billing_status IN ('needs_review', 'failed')
 		RETURNING id`, members, string(to), message)
 	if err != nil {

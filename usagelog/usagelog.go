@@ -218,7 +218,7 @@ func (s *Store) Accept(ctx context.Context, reports ...Report) (int64, error) {
 	}
 	var billed int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var members [2][][]uuid.UUID
+		members := acceptedMembers{}
 		for _, r := range reports {
 			var m []uuid.UUID
 			err := tx.QueryRow(ctx, `UPDATE usage_reports SET state = 'accepted', accepted_at = now(), lease_until = NULL, message = NULL
@@ -230,7 +230,7 @@ func (s *Store) Accept(ctx context.Context, reports ...Report) (int64, error) {
 			if err != nil {
 				return fmt.Errorf("accept report %s: %w", r.Key(), err)
 			}
-			members[dimIndex(r.Dimension)] = append(members[dimIndex(r.Dimension)], m)
+			members.add(r.Dimension, m)
 		}
 		var err error
 		billed, err = acceptMembers(ctx, tx, members)
@@ -247,19 +247,37 @@ func (s *Store) Accept(ctx context.Context, reports ...Report) (int64, error) {
 // complete, one write per log. Logs under review go first, then pending
 // ones, so the counter rows are taken as (billed, needs_review) then
 // (billed, pending): sorted across the transaction.
-func acceptMembers(ctx context.Context, tx pgx.Tx, members [2][][]uuid.UUID) (int64, error) {
-	flags := map[uuid.UUID]*[2]bool{}
+// acceptedMembers are the member lists of accepted reports, per meter.
+type acceptedMembers map[overage.Dimension][][]uuid.UUID
+
+func (a acceptedMembers) add(meter overage.Dimension, members []uuid.UUID) {
+	a[meter] = append(a[meter], members)
+}
+
+func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int64, error) {
+	type flag struct {
+		in, out bool
+		extra   []string
+	}
+	flags := map[uuid.UUID]*flag{}
 	var ids []uuid.UUID
 	for d, lists := range members {
 		for _, l := range lists {
 			for _, id := range l {
 				f, ok := flags[id]
 				if !ok {
-					f = &[2]bool{}
+					f = &flag{}
 					flags[id] = f
 					ids = append(ids, id)
 				}
-				f[d] = true
+				switch d {
+				case overage.DimensionInput:
+					f.in = true
+				case overage.DimensionOutput:
+					f.out = true
+				default:
+					f.extra = append(f.extra, string(d))
+				}
 			}
 		}
 	}
@@ -267,23 +285,42 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members [2][][]uuid.UUID) (in
 		return 0, nil
 	}
 	in, out := make([]bool, len(ids)), make([]bool, len(ids))
+	// The accepted lines of other meters, as (log, meter) pairs.
+	var extraIDs []uuid.UUID
+	var extraKeys []string
 	for i, id := range ids {
-		in[i], out[i] = flags[id][0], flags[id][1]
+		f := flags[id]
+		in[i], out[i] = f.in, f.out
+		for _, k := range f.extra {
+			extraIDs, extraKeys = append(extraIDs, id), append(extraKeys, k)
+		}
 	}
+	// A log is complete when every line with overage is accepted: the
+	// defaults by their columns, the others element by element, counting
+	// those this statement accepts (acc.keys).
 	const done = `(u.overage_input_tokens = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
-		AND (u.overage_output_tokens = 0 OR u.output_accepted_at IS NOT NULL OR v.o)`
+		AND (u.overage_output_tokens = 0 OR u.output_accepted_at IS NOT NULL OR v.o)
+		AND (u.meter_keys IS NULL OR NOT EXISTS (
+			SELECT 1 FROM unnest(u.meter_keys, u.meter_overage, u.meter_accepted_at) AS x (k, o, a)
+			WHERE x.o <> 0 AND x.a IS NULL AND NOT (x.k = ANY (coalesce(acc.keys, '{}')))))`
 	const complete = `u.billing_status IN ('pending', 'needs_review') AND ` + done
 	var billed int64
 	for _, where := range []string{`u.billing_status <> 'pending'`, `u.billing_status = 'pending'`} {
-		tag, err := tx.Exec(ctx, `UPDATE usage_logs u SET
+		tag, err := tx.Exec(ctx, `WITH acc AS (
+				SELECT e.id, array_agg(e.k) AS keys FROM unnest($4::uuid[], $5::text[]) AS e (id, k) GROUP BY e.id
+			)
+			UPDATE usage_logs u SET
 				input_accepted_at = CASE WHEN v.i THEN coalesce(u.input_accepted_at, now()) ELSE u.input_accepted_at END,
 				output_accepted_at = CASE WHEN v.o THEN coalesce(u.output_accepted_at, now()) ELSE u.output_accepted_at END,
+				meter_accepted_at = CASE WHEN acc.keys IS NULL THEN u.meter_accepted_at ELSE (
+					SELECT array_agg(CASE WHEN x.k = ANY (acc.keys) THEN coalesce(x.a, now()) ELSE x.a END ORDER BY x.n)
+					FROM unnest(u.meter_keys, u.meter_accepted_at) WITH ORDINALITY AS x (k, a, n)) END,
 				billing_status = CASE WHEN `+complete+` THEN 'billed' ELSE u.billing_status END,
 				billed_at = CASE WHEN `+complete+` THEN now() ELSE u.billed_at END,
 				billing_message = CASE WHEN `+complete+` THEN NULL ELSE u.billing_message END,
 				updated_at = now()
-			FROM unnest($1::uuid[], $2::bool[], $3::bool[]) AS v (id, i, o)
-			WHERE u.id = v.id AND `+where, ids, in, out)
+			FROM unnest($1::uuid[], $2::bool[], $3::bool[]) AS v (id, i, o) LEFT JOIN acc ON acc.id = v.id
+			WHERE u.id = v.id AND `+where, ids, in, out, extraIDs, extraKeys)
 		if err != nil {
 			return 0, fmt.Errorf("bill members: %w", err)
 		}
@@ -342,25 +379,24 @@ func (s *Store) closeReport(ctx context.Context, r Report, state ReportState, st
 	return n, nil
 }
 
-// FailTenant fails every open report and every pending log of a suspended
-// tenant (its Stripe customer was deleted) with reason: no retry can bill a
-// customer Stripe no longer has. An operator may still resolve them.
-func (s *Store) FailTenant(ctx context.Context, tenantID uuid.UUID, reason string) (int64, error) {
-	var n int64
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `UPDATE usage_reports SET state = 'failed', lease_until = NULL, message = $2
-			WHERE tenant_id = $1 AND state = 'open'`, tenantID, reason); err != nil {
-			return err
-		}
-		tag, err := tx.Exec(ctx, `UPDATE usage_logs SET billing_status = 'failed', billing_message = $2, updated_at = now()
-			WHERE tenant_id = $1 AND billing_status = 'pending'`, tenantID, reason)
-		n = tag.RowsAffected()
-		return err
-	})
+// ParkOpenTx moves, in tx, every open report of tenant that no live
+// worker holds to needs_review with msg, and its pending members with it.
+// Lifting a suspension calls it: those reports were formed, and sent at
+// least once (the first attempt is committed with the report), for the
+// customer Stripe deleted. Their resend would carry the same key to
+// another customer — an idempotency error within Stripe's window — and
+// whether the first send was applied is unknown, so an operator decides.
+func ParkOpenTx(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, msg string) (int64, error) {
+	tag, err := tx.Exec(ctx, `WITH parked AS (
+			UPDATE usage_reports SET state = 'needs_review', lease_until = NULL, message = $2
+			WHERE tenant_id = $1 AND state = 'open' AND (lease_until IS NULL OR lease_until < now())
+			RETURNING member_ids)
+		UPDATE usage_logs SET billing_status = 'needs_review', billing_message = $2, updated_at = now()
+		WHERE tenant_id = $1 AND id IN (SELECT unnest(member_ids) FROM parked) AND billing_status = 'pending'`, tenantID, msg)
 	if err != nil {
-		return 0, fmt.Errorf("fail pending usage logs of tenant %s: %w", tenantID, err)
+		return 0, fmt.Errorf("park the open reports of tenant %s: %w", tenantID, err)
 	}
-	return n, nil
+	return tag.RowsAffected(), nil
 }
 
 // ExpiredReports lists up to limit open reports, of any tenant, whose first
@@ -379,9 +415,11 @@ func (s *Store) ExpiredReports(ctx context.Context, g Guard, limit int) ([]Repor
 
 // TenantsPendingSince lists the tenants with a usage log pending for longer
 // than grace: their report jobs are to be queued again. One probe of the
-// (tenant_id, created_at) pending index per tenant.
+// (tenant_id, created_at) pending index per tenant. A suspended tenant is
+// left out: its logs wait for the suspension to be lifted, which queues
+// its job itself.
 func (s *Store) TenantsPendingSince(ctx context.Context, grace time.Duration) ([]uuid.UUID, error) {
-	rows, err := s.pool.Query(ctx, `SELECT t.id FROM tenants t WHERE EXISTS (
+	rows, err := s.pool.Query(ctx, `SELECT t.id FROM tenants t WHERE t.suspended_at IS NULL AND EXISTS (
 		SELECT 1 FROM usage_logs u WHERE u.tenant_id = t.id AND u.billing_status = 'pending'
 			AND u.created_at < now() - make_interval(secs => $1))`, grace.Seconds())
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -29,6 +30,7 @@ import (
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
+	"github.com/overage-billing/overage/usagelog"
 	"github.com/overage-billing/overage/webhooks"
 	"github.com/overage-billing/overage/workers"
 	"github.com/riverqueue/river/rivertype"
@@ -456,17 +458,35 @@ func TestSubscriptionUpdateMovesTheAllowancePeriod(t *testing.T) {
 	}
 }
 
-func TestDeletedCustomerSuspendsTenantAndItsReportsFail(t *testing.T) {
+// customer.deleted suspends the tenant: its report job sends nothing and
+// fails nothing, its logs wait pending (the sweep leaves them alone) while
+// another tenant is billed. Giving it a customer Stripe does not know, or
+// asking while Stripe is unreachable, changes nothing; a customer Stripe
+// knows lifts the suspension and the logs that waited are billed, to the
+// new customer, by the same workers.
+func TestDeletedCustomerSuspendsTenantUntilACustomerStripeKnowsLiftsIt(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
+	ctx := context.Background()
 	gone := h.tenant(t, "cus_gone", 0)
 	ok := h.tenant(t, "cus_ok", 0)
 	h.deliver(t, eventJSON("evt_del", "", "customer.deleted", time.Now(), map[string]any{"id": "cus_gone", "object": "customer"}))
 	h.startProcessor(t)
 	h.waitAllProcessed(t, 1)
 
-	svc := ingest.NewService(h.pool, outbox.NewInserter(h.rc, outbox.DefaultMaxAttempts))
+	inserter := outbox.NewInserter(h.rc, outbox.DefaultMaxAttempts)
+	svc := ingest.NewService(h.pool, inserter)
 	ts := time.Now().Add(-time.Minute).UTC().Truncate(time.Microsecond)
+	// A report sent to the customer before Stripe deleted it, its answer
+	// never recorded: formed (its first attempt committed), then released.
+	sent, _ := record(t, svc, h.pool, gone.ID, ts, 40)
+	reports, err := usagelog.New(h.pool).Form(ctx, usagelog.FormParams{TenantID: gone.ID, MaxLogs: 10, Lease: time.Minute, Guard: usagelog.GuardFor(24 * time.Hour)})
+	if err != nil || len(reports) == 0 {
+		t.Fatalf("form the report sent before the deletion: %v, %d reports", err, len(reports))
+	}
+	if err := usagelog.New(h.pool).Release(ctx, reports); err != nil {
+		t.Fatal(err)
+	}
 	lg, _ := record(t, svc, h.pool, gone.ID, ts, 100)
 	lo, _ := record(t, svc, h.pool, ok.ID, ts, 100)
 
@@ -476,6 +496,7 @@ func TestDeletedCustomerSuspendsTenantAndItsReportsFail(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emu.Close)
+	emu.DeleteCustomer("cus_gone")
 	sc, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: base, RateLimit: 10000})
 	if err != nil {
 		t.Fatal(err)
@@ -484,39 +505,104 @@ func TestDeletedCustomerSuspendsTenantAndItsReportsFail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	go func() { done <- w.Run(runCtx) }()
 	defer func() { cancel(); <-done }()
 
-	status := func(id uuid.UUID) (string, string) {
+	status := func(id uuid.UUID) string {
 		var s string
-		var msg *string
-		if err := h.pool.QueryRow(context.Background(), `SELECT billing_status, billing_message FROM usage_logs WHERE id = $1`, id).Scan(&s, &msg); err != nil {
+		if err := h.pool.QueryRow(ctx, `SELECT billing_status FROM usage_logs WHERE id = $1`, id).Scan(&s); err != nil {
 			t.Fatal(err)
 		}
-		if msg == nil {
-			return s, ""
-		}
-		return s, *msg
+		return s
 	}
-	poll.Until(t, "the suspended tenant's report to fail", 20*time.Second, func() bool { s, _ := status(lg.ID); return s == "failed" })
-	poll.Until(t, "the other tenant's report to bill", 20*time.Second, func() bool { s, _ := status(lo.ID); return s == "billed" })
-	if _, msg := status(lg.ID); msg != webhooks.SuspendedReason {
-		t.Fatalf("failure message %q, want %q", msg, webhooks.SuspendedReason)
-	}
-	// Nothing is left to retry: the tenant's report job completes.
-	poll.Until(t, "its job to complete", 20*time.Second, func() bool {
-		res, err := h.rc.JobList(context.Background(), river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).
+	completedJobs := func() int {
+		res, err := h.rc.JobList(ctx, river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).
 			States(rivertype.JobStateCompleted).Where("args->>'tenant_id' = @tenant", river.NamedArgs{"tenant": gone.ID.String()}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		return len(res.Jobs) >= 1
-	})
+		return len(res.Jobs)
+	}
+	poll.Until(t, "the other tenant's report to bill", 20*time.Second, func() bool { return status(lo.ID) == "billed" })
+	// The suspended tenant's job ran and completed, leaving its log as it was.
+	poll.Until(t, "the suspended tenant's job to complete", 20*time.Second, func() bool { return completedJobs() >= 1 })
+	if s := status(lg.ID); s != "pending" {
+		t.Fatalf("the suspended tenant's log is %s, want pending", s)
+	}
 	for _, r := range emu.Requests() {
-		if strings.Contains(r.IdempotencyKey, lg.ID.String()) {
+		if strings.Contains(r.IdempotencyKey, lg.ID.String()) || r.Customer == "cus_gone" {
 			t.Fatalf("a meter event of the suspended tenant was sent: %+v", r)
+		}
+	}
+	// The sweep does not requeue it: its job would only find it suspended.
+	waiting, err := usagelog.New(h.pool).TenantsPendingSince(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(waiting, gone.ID) {
+		t.Fatalf("the sweep would requeue the suspended tenant: %v", waiting)
+	}
+
+	suspended := func() bool {
+		return h.count(t, `SELECT count(*) FROM tenants WHERE id = $1 AND suspended_at IS NOT NULL`, gone.ID) == 1
+	}
+	store := tenants.NewStore(h.pool).WithStripe(sc, inserter)
+	for _, cus := range []string{"cus_gone", "cus_nobody"} {
+		_, err := store.Update(ctx, gone.ID, tenants.UpdateParams{StripeCustomerID: &cus})
+		if e := overage.AsError(err); e.Type != "validation-failed" || len(e.Fields) != 1 || e.Fields[0].Field != "stripe_customer_id" {
+			t.Fatalf("lift with %s (unknown to Stripe): %v, want validation-failed naming stripe_customer_id", cus, err)
+		}
+	}
+	// Stripe unreachable: unknown is not "no", and nothing changes.
+	down := emulator.New(emulator.Options{})
+	downBase, err := down.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down.Close()
+	unreachable, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: downBase})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cus := "cus_new"
+	emu.AddCustomer(cus)
+	_, err = tenants.NewStore(h.pool).WithStripe(unreachable, inserter).Update(ctx, gone.ID, tenants.UpdateParams{StripeCustomerID: &cus})
+	if e := overage.AsError(err); e.Type != "stripe-unavailable" || e.Code != overage.EUNAVAILABLE {
+		t.Fatalf("lift while Stripe is unreachable: %v, want stripe-unavailable", err)
+	}
+	// Without Stripe's credentials a lift cannot be checked either.
+	if _, err := tenants.NewStore(h.pool).Update(ctx, gone.ID, tenants.UpdateParams{StripeCustomerID: &cus}); overage.AsError(err).Type != "stripe-unavailable" {
+		t.Fatalf("lift without Stripe: %v, want stripe-unavailable", err)
+	}
+	if !suspended() || h.count(t, `SELECT count(*) FROM tenants WHERE id = $1 AND stripe_customer_id = 'cus_gone'`, gone.ID) != 1 {
+		t.Fatal("a refused lift changed the tenant")
+	}
+
+	d, err := store.Update(ctx, gone.ID, tenants.UpdateParams{StripeCustomerID: &cus})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.SuspendedAt != nil || d.SuspendedReason != nil || d.StripeCustomerID != cus || suspended() {
+		t.Fatalf("after the lift: %+v", d)
+	}
+	poll.Until(t, "the log that waited to bill", 20*time.Second, func() bool { return status(lg.ID) == "billed" })
+	if got := emu.Applied()[emulator.AppliedKey{Customer: cus, EventName: overage.DefaultMeterInputEvent}]; got != 100 {
+		t.Fatalf("Stripe holds %d input tokens for %s, want the 100 that waited", got, cus)
+	}
+	// The report already sent to the deleted customer is not resent to the
+	// new one under its key: an operator decides.
+	var msg string
+	if err := h.pool.QueryRow(ctx, `SELECT billing_status || ': ' || billing_message FROM usage_logs WHERE id = $1`, sent.ID).Scan(&msg); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(msg, "needs_review: ") || !strings.Contains(msg, "cus_gone") {
+		t.Fatalf("the log sent to the deleted customer: %q, want needs_review naming cus_gone", msg)
+	}
+	for _, r := range emu.Requests() {
+		if strings.Contains(r.IdempotencyKey, sent.ID.String()) {
+			t.Fatalf("the report sent to the deleted customer was resent: %+v", r)
 		}
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 
-	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/usagelog"
@@ -38,7 +38,9 @@ type ReportWorker struct {
 	pool   *pgxpool.Pool
 	store  *usagelog.Store
 	stripe stripeclient.Sender
-	meters map[overage.Dimension]string
+	// meters names each report's meter event: the default meters by
+	// STRIPE_METER_*_EVENT, the others by the catalog.
+	meters *meters.Store
 	guard  usagelog.Guard
 	logger *slog.Logger
 	// jobTimeout bounds one run; sends are abandoned before it, and a run
@@ -75,21 +77,18 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 		return err
 	}
 	var customer string
-	var suspended *string
-	if err := w.pool.QueryRow(ctx, `SELECT stripe_customer_id,
-			CASE WHEN suspended_at IS NOT NULL THEN coalesce(suspended_reason, 'tenant suspended') END
-		FROM tenants WHERE id = $1`, tenantID).Scan(&customer, &suspended); err != nil {
+	var suspended bool
+	if err := w.pool.QueryRow(ctx, `SELECT stripe_customer_id, suspended_at IS NOT NULL FROM tenants WHERE id = $1`, tenantID).
+		Scan(&customer, &suspended); err != nil {
 		return fmt.Errorf("read tenant %s: %w", tenantID, err)
 	}
-	if suspended != nil {
-		// No retry can bill a customer Stripe no longer has; nothing is sent.
-		n, err := w.store.FailTenant(ctx, tenantID, *suspended)
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			w.logger.WarnContext(ctx, "usage logs failed: tenant suspended", "tenant_id", tenantID, "usage_logs", n, "reason", *suspended)
-		}
+	if suspended {
+		// Stripe no longer has the customer: nothing is sent, and nothing
+		// is failed either. The logs stay pending (open reports stay open,
+		// their window still counted) until an operator gives the tenant
+		// a customer Stripe knows, which lifts the suspension and queues
+		// this job again. The job completes: retrying would only wait.
+		w.logger.InfoContext(ctx, "report skipped: tenant suspended, its usage logs wait", "tenant_id", tenantID)
 		return nil
 	}
 	handBack := time.Now().Add(w.jobTimeout / 2)
@@ -224,10 +223,20 @@ func (w *ReportWorker) sendOne(ctx context.Context, customer string, r usagelog.
 	}
 	// No send may start after the cutoff, by the database clock; a send in
 	// flight is abandoned at it.
+	cat, err := w.meters.Knowing(ctx, w.pool, []string{string(r.Dimension)})
+	if err != nil {
+		o.err = err
+		return o
+	}
+	m, ok := cat.Meter(string(r.Dimension))
+	if !ok || m.EventName == "" {
+		o.err = fmt.Errorf("report %s: meter %q is not in the catalog", r.Key(), r.Dimension)
+		return o
+	}
 	sendCtx, cancel := context.WithTimeout(ctx, r.Remaining)
 	defer cancel()
 	o.res, o.err = w.stripe.SendMeterEvent(sendCtx, stripeclient.MeterEvent{
-		EventName: w.meters[r.Dimension], CustomerID: customer,
+		EventName: m.EventName, CustomerID: customer,
 		Value: r.Value, Timestamp: r.Timestamp, Key: r.Key(),
 	})
 	return o

@@ -14,6 +14,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/alerts"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/usagelog"
@@ -84,7 +85,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
 		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
 		inserter: outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay),
-		meters:   map[overage.Dimension]string{overage.DimensionInput: cfg.MeterInputEvent, overage.DimensionOutput: cfg.MeterOutputEvent},
+		meters:   meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent),
 	}); err != nil {
 		return nil, fmt.Errorf("add report worker: %w", err)
 	}

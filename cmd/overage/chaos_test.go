@@ -81,6 +81,11 @@ func TestChaos(t *testing.T) {
 		ID     string `json:"id"`
 		APIKey string `json:"api_key"`
 	}
+	// Cached input on a meter of its own: every report, resend and
+	// correction of it must be exactly once too.
+	if out, _, err := runCmd(t, env, "meter", "create", "--key", "cache_read", "--event-name", chaosCacheEvent, "--token-type", "cache_read"); err != nil {
+		t.Fatalf("meter create: %v\n%s", err, out)
+	}
 	var tenantList []tenant
 	for i, args := range [][]string{
 		{"--stripe-customer", "cus_chaos1"},
@@ -125,7 +130,12 @@ func TestChaos(t *testing.T) {
 				tn := tenantList[i%len(tenantList)]
 				// Three UTC days of usage: reports never span two.
 				ts := time.Now().UTC().Add(-time.Minute - time.Duration(i%3)*24*time.Hour).Format(time.RFC3339)
-				body := fmt.Sprintf(`{"request_id":"req-%d","timestamp":"%s","user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, i, ts, i%7, 500+i%900, 100+i%300)
+				// One event in four read part of its prompt from a cache.
+				cached := ""
+				if i%4 == 0 {
+					cached = fmt.Sprintf(`,"cache_read_input_tokens":%d`, 100+i%400)
+				}
+				body := fmt.Sprintf(`{"request_id":"req-%d","timestamp":"%s","user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d%s}`, i, ts, i%7, 500+i%900, 100+i%300, cached)
 				for _, key := range []string{fmt.Sprintf("key-%d", i), fmt.Sprintf("key-%d", i), fmt.Sprintf("other-%d", i)}[:1+i%3] {
 					status := postEvent(t, srv.Addr(), tn.APIKey, key, body)
 					if status != http.StatusAccepted && status != http.StatusOK {
@@ -337,6 +347,15 @@ func TestChaos(t *testing.T) {
 	}
 	billingtest.RequireStripeMatchesBilled(t, pool, emu)
 	want := billingtest.BilledTotals(t, pool)
+	cacheBilled := int64(0)
+	for k, v := range want {
+		if k.EventName == chaosCacheEvent {
+			cacheBilled += v
+		}
+	}
+	if cacheBilled == 0 {
+		t.Fatalf("nothing billed on the cache-read meter: %v", want)
+	}
 	var resent bool
 	for _, r := range emu.Requests() {
 		resent = resent || (r.IdempotencyKey == caught && (r.Outcome == emulator.OutcomeReplayed || r.Outcome == emulator.OutcomeAlreadyExists))
@@ -359,7 +378,8 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("reconcile after the chaos run: %v\n%s", err, out)
 	}
 	var rec struct{ Matches, Differences, TooRecent int }
-	days := count(`SELECT coalesce(sum((i <> 0)::int + (o <> 0)::int), 0) FROM (SELECT sum(u.overage_input_tokens) i, sum(u.overage_output_tokens) o
+	days := count(`SELECT coalesce(sum((i <> 0)::int + (o <> 0)::int + (c <> 0)::int), 0) FROM (SELECT sum(u.overage_input_tokens) i, sum(u.overage_output_tokens) o,
+			coalesce(sum((SELECT sum(x) FROM unnest(u.meter_overage) AS x)), 0) c
 		FROM usage_logs u WHERE u.billing_status = 'billed' AND (u.ts AT TIME ZONE 'UTC')::date < (now() AT TIME ZONE 'UTC')::date
 		GROUP BY u.tenant_id, (u.ts AT TIME ZONE 'UTC')::date) x`)
 	if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.Differences != 0 || rec.TooRecent != 0 || rec.Matches != days || days < len(tenantList) {
@@ -386,7 +406,7 @@ func TestChaos(t *testing.T) {
 	}
 	var billedIn, billedOut int64
 	for k, v := range want {
-		if k.EventName == "llm_input_tokens" {
+		if k.EventName == "llm_input_tokens" || k.EventName == chaosCacheEvent {
 			billedIn += v
 		} else {
 			billedOut += v
@@ -410,6 +430,9 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("%d events, %d billable, %d meter events applied; emulator outcomes %v", events, billable, len(emu.Events()), outcomes)
 }
+
+// chaosCacheEvent is the event name of the chaos run's cache-read meter.
+const chaosCacheEvent = "llm_cache_read_tokens"
 
 // chaosAdminToken is the chaos server's ADMIN_TOKEN: corrections are an
 // operator's, of any tenant's log.

@@ -143,7 +143,8 @@ func TestCLIHelpGoesToStdoutWithoutSecrets(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"status", "--help"}, {"serve", "--help"}, {"work", "--help"}, {"migrate", "--help"},
 		{"dev", "--help"}, {"tenant", "--help"}, {"tenant", "create", "--help"}, {"tenant", "list", "--help"}, {"tenant", "show", "--help"},
 		{"tenant", "update", "--help"}, {"tenant", "key", "create", "--help"}, {"tenant", "key", "revoke", "--help"},
-		{"reconcile", "--help"}, {"review", "--help"}, {"review", "list", "--help"}} {
+		{"reconcile", "--help"}, {"review", "--help"}, {"review", "list", "--help"},
+		{"meter", "--help"}, {"meter", "create", "--help"}, {"meter", "list", "--help"}, {"meter", "archive", "--help"}} {
 		out, stderr, code := binary(t, env, args...)
 		if code != 0 || stderr != "" || !strings.Contains(out, "overage") {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, code, out, stderr)
@@ -166,6 +167,9 @@ func TestCLIReadsOnlyTheSettingsItUses(t *testing.T) {
 	if _, stderr, code := binary(t, env, "tenant", "list"); code != 0 {
 		t.Fatalf("tenant list with a bad SWEEP_INTERVAL: exit %d, %q", code, stderr)
 	}
+	if _, stderr, code := binary(t, env, "meter", "list"); code != 0 {
+		t.Fatalf("meter list with a bad SWEEP_INTERVAL: exit %d, %q", code, stderr)
+	}
 	// A command that uses it still refuses it, naming it.
 	_, stderr, code := binary(t, env, "work")
 	if line := oneLine(t, "work", stderr); code != 1 || !strings.Contains(line, "SWEEP_INTERVAL") {
@@ -184,7 +188,7 @@ func TestCLISaysToMigrateAnUnmigratedDatabase(t *testing.T) {
 	// every request (serve's /readyz answering ready).
 	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "STRIPE_SECRET_KEY": "sk_test_unmigrated", "STRIPE_API_BASE": "http://127.0.0.1:1"}
 	for _, args := range [][]string{{"status"}, {"tenant", "list"}, {"tenant", "create", "--name", "A", "--stripe-customer", "cus_a"}, {"review", "list"},
-		{"serve"}, {"work"}} {
+		{"meter", "list"}, {"meter", "create", "--key", "k", "--event-name", "e", "--token-type", "input"}, {"serve"}, {"work"}} {
 		_, stderr, code := binary(t, env, args...)
 		if line := oneLine(t, strings.Join(args, " "), stderr); code != 1 || !strings.Contains(line, "run `overage migrate`") {
 			t.Errorf("%v on an unmigrated database: exit %d, %q", args, code, stderr)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/meters"
 )
 
 const correctSynopsis = "overage correct ID --input-tokens N --output-tokens M --reason TEXT [--key KEY]"
@@ -53,6 +54,7 @@ func cmdCorrect(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	svc := ingest.NewService(pool, app.NewInserter(rc, cfg))
+	svc.UseMeters(meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent))
 	res, err := svc.Correct(ctx, ingest.CorrectParams{UsageLogID: id, Key: *key, Fingerprint: fp, InputTokens: *in, OutputTokens: *out, Reason: *reason})
 	if err != nil {
 		return fmt.Errorf("correct: %w", err)

@@ -51,11 +51,12 @@ func TestCorrectRecordsOnceAndReplays(t *testing.T) {
 			Input int64 `json:"input_tokens"`
 		} `json:"overage"`
 		BillingStatus string `json:"billing_status"`
+		CorrectedBy   string `json:"corrected_by"`
 	}
 	if err := json.Unmarshal([]byte(first), &c); err != nil {
 		t.Fatalf("%v: %s", err, first)
 	}
-	if c.Kind != "correction" || c.Corrects != id || c.Input != -40 || c.Overage.Input != -40 || c.BillingStatus != "pending" {
+	if c.Kind != "correction" || c.Corrects != id || c.Input != -40 || c.Overage.Input != -40 || c.BillingStatus != "pending" || c.CorrectedBy != "admin" {
 		t.Fatalf("correction %s", first)
 	}
 	var n int

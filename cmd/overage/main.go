@@ -30,6 +30,7 @@ Usage:
   overage tenant list|show ...    tenants: allowance, Stripe customer, key ids (never a key), suspension
   overage tenant update ID ...    change a tenant's name, Stripe customer or allowance
   overage tenant key ...          another API key for a tenant (printed once), or revoke one at once
+  overage meter ...               the meter catalog (create|list|archive): the Stripe meter each model's tokens of each kind go to
   overage dev                     everything in one process, with a demo (development build: make run)
   overage status [--tenant ID]    billed status per tenant and in total (--json for the API's object)
   overage reconcile ...           compare what the database billed with what Stripe holds
@@ -150,6 +151,9 @@ func flagOf(field string) string {
 	if field == "body" {
 		return "the command line"
 	}
+	if key, ok := strings.CutPrefix(field, "included."); ok {
+		return "--included " + key + "=N:"
+	}
 	return "--" + strings.ReplaceAll(field, "_", "-")
 }
 
@@ -199,6 +203,8 @@ func dispatch(ctx context.Context, args []string, e env) error {
 		return cmdWork(ctx, e, args[1:])
 	case "tenant":
 		return cmdTenant(ctx, e, args[1:])
+	case "meter":
+		return cmdMeter(ctx, e, args[1:])
 	case "dev":
 		return cmdDev(ctx, e, args[1:])
 	case "reconcile":
@@ -219,7 +225,7 @@ func dispatch(ctx context.Context, args []string, e env) error {
 }
 
 // commands are the binary's commands, for "did you mean".
-var commands = []string{"migrate", "serve", "work", "tenant", "dev", "reconcile", "review", "status", "correct", "version"}
+var commands = []string{"migrate", "serve", "work", "tenant", "meter", "dev", "reconcile", "review", "status", "correct", "version"}
 
 // nearest is the candidate a mistyped word most likely meant: the one it
 // is a prefix of, else the one within two edits; "" when none is close.

@@ -57,12 +57,12 @@ func freeAddr(t *testing.T) string {
 
 // TestReadmeProductionPath runs the README's numbered production steps as
 // written — build, create and migrate the database, the emulator, serve
-// and work, a tenant, an event, its billing, reconciliation — with only the
+// and work, a meter, a tenant, an event, its billing, reconciliation — with only the
 // database and the two ports replaced by the test's own.
 func TestReadmeProductionPath(t *testing.T) {
 	t.Parallel()
 	steps := productionSteps(t)
-	for i := 1; i <= 9; i++ {
+	for i := 1; i <= 10; i++ {
 		if !strings.Contains(steps, fmt.Sprintf("\n# %d. ", i)) && !strings.HasPrefix(steps, fmt.Sprintf("# %d. ", i)) {
 			t.Errorf("the production path has no step %d", i)
 		}
@@ -126,8 +126,9 @@ func TestReadmeProductionPath(t *testing.T) {
 		t.Fatalf("the production path failed: %v\n%s", err, text)
 	}
 	for _, want := range []string{
-		"migrations applied: ", `"api_key":"ovg_`, `"overage":{"input_tokens":200,"output_tokens":350}`,
-		"OK: everything judged matches: 0 difference(s), 2 match(es), 0 too recent to judge",
+		"migrations applied: ", `"key":"cache_read"`, `"api_key":"ovg_`, `"overage":{"input_tokens":700,"output_tokens":350}`,
+		`"meter":"cache_read","event_name":"llm_cache_read_tokens","tokens":400,"overage":400`,
+		"OK: everything judged matches: 0 difference(s), 3 match(es), 0 too recent to judge",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the production path's output lacks %q:\n%s", want, text)

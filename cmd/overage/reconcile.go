@@ -12,6 +12,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/reconcile"
 	"github.com/overage-billing/overage/stripeclient"
 )
@@ -101,6 +102,9 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 	defer pool.Close()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
+	if p.Meters, err = meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent).List(ctx); err != nil {
+		return &exitError{code: 3, err: fmt.Errorf("read the meter catalog: %w", err)}
+	}
 	rep, err := reconcile.Run(rctx, pool, reader, p)
 	if err != nil {
 		var appErr *overage.Error

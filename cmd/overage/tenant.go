@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -14,15 +16,16 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/tenants"
 )
 
 const (
-	tenantCreateSynopsis = "overage tenant create --name NAME --stripe-customer CUS [--included-input-tokens N] [--included-output-tokens N] [--alert-url URL] [--alert-at P,P...]"
+	tenantCreateSynopsis = "overage tenant create --name NAME --stripe-customer CUS [--included KEY=N]… [--included-input-tokens N] [--included-output-tokens N]"
 	tenantListSynopsis   = "overage tenant list [--json]"
 	tenantShowSynopsis   = "overage tenant show ID [--json]"
-	tenantUpdateSynopsis = "overage tenant update ID [--name N] [--stripe-customer CUS] [--included-input-tokens N] [--included-output-tokens N] [--alert-url URL] [--alert-at P,P...]"
+	tenantUpdateSynopsis = "overage tenant update ID [--name N] [--stripe-customer CUS] [--included KEY=N]… [--included-input-tokens N] [--included-output-tokens N] [--alert-url URL] [--alert-at P,P…]"
 	tenantKeySynopsis    = "overage tenant key create ID | overage tenant key revoke ID KEY_ID"
 )
 
@@ -33,6 +36,15 @@ A new API key is printed once, in the JSON of "create" and "key create", and
 stored only as its SHA-256. A tenant may hold several keys: create the new
 one, deploy it, then revoke the old one; a revoked key's next request is
 refused. An allowance change applies to usage recorded after it.
+"update --stripe-customer" lifts a suspended tenant's suspension (its Stripe
+customer was deleted) once Stripe, asked with STRIPE_SECRET_KEY, knows the
+new customer; the tenant's pending usage logs are then billed.
+
+Allowances are per meter (see "overage meter --help"): --included KEY=N,
+repeated, gives meter KEY N tokens per billing period before overage;
+--included-input-tokens N and --included-output-tokens N are --included
+input=N and --included output=N. On update only the meters named change;
+--included KEY=0 removes a meter's allowance.
 `
 
 // cmdTenant manages tenants and their API keys; `/v1/tenants` does the
@@ -83,13 +95,15 @@ func cmdTenantCreate(ctx context.Context, e env, args []string) error {
 	var p tenants.CreateParams
 	fs.StringVar(&p.Name, "name", "", "tenant name (required)")
 	fs.StringVar(&p.StripeCustomerID, "stripe-customer", "", "Stripe customer id, cus_... (required)")
-	fs.Int64Var(&p.IncludedInputTokens, "included-input-tokens", 0, "input tokens included per billing period")
-	fs.Int64Var(&p.IncludedOutputTokens, "included-output-tokens", 0, "output tokens included per billing period")
+	inc := includedFlags(fs)
 	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
 	if err != nil {
 		return err
 	}
 	if err := fs.require("name", "stripe-customer"); err != nil {
+		return err
+	}
+	if p.Included, err = inc(); err != nil {
 		return err
 	}
 	if err := p.Validate(); err != nil {
@@ -124,10 +138,14 @@ func cmdTenantList(ctx context.Context, e env, args []string) error {
 			return nil
 		}
 		tw := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tSTRIPE CUSTOMER\tINCLUDED INPUT\tINCLUDED OUTPUT\tACTIVE KEYS\tSUSPENDED")
+		fmt.Fprintln(tw, "ID\tNAME\tSTRIPE CUSTOMER\tINCLUDED INPUT\tINCLUDED OUTPUT\tINCLUDED, OTHER METERS\tACTIVE KEYS\tSUSPENDED")
 		for _, t := range l.Tenants {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\t%s\n", t.ID, t.Name, t.StripeCustomerID,
-				t.IncludedInputTokens, t.IncludedOutputTokens, activeKeys(t.APIKeys), yesNo(t.SuspendedAt != nil))
+			other := otherIncluded(t.Included)
+			if other == "" {
+				other = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%d\t%s\n", t.ID, t.Name, t.StripeCustomerID,
+				t.IncludedInputTokens, t.IncludedOutputTokens, other, activeKeys(t.APIKeys), yesNo(t.SuspendedAt != nil))
 		}
 		return tw.Flush()
 	})
@@ -194,7 +212,11 @@ func writeTenant(w io.Writer, d *tenants.Details) error {
 	fmt.Fprintf(tw, "id\t%s\n", d.ID)
 	fmt.Fprintf(tw, "name\t%s\n", d.Name)
 	fmt.Fprintf(tw, "stripe customer\t%s\n", d.StripeCustomerID)
-	fmt.Fprintf(tw, "included tokens\t%d input, %d output per period\n", d.IncludedInputTokens, d.IncludedOutputTokens)
+	other := otherIncluded(d.Included)
+	if other != "" {
+		other = ", " + strings.ReplaceAll(other, ",", ", ")
+	}
+	fmt.Fprintf(tw, "included tokens\t%d input, %d output%s per period\n", d.IncludedInputTokens, d.IncludedOutputTokens, other)
 	fmt.Fprintf(tw, "created\t%s\n", d.CreatedAt.UTC().Format(time.RFC3339))
 	if s := d.Subscription; s != nil {
 		fmt.Fprintf(tw, "subscription\t%s (%s), period %s to %s\n", s.ID, s.Status,
@@ -240,19 +262,20 @@ func writeTenant(w io.Writer, d *tenants.Details) error {
 }
 
 func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
-	fs := newFlags(e, "tenant update", tenantUpdateSynopsis+"\n\nAn allowance change applies to usage recorded after it; nothing already recorded is recomputed."+
-		"\nSetting --alert-url prints the endpoint's signing secret (whsec_...) once, as alert_secret; --alert-url \"\" and --alert-at \"\" remove them.")
+	fs := newFlags(e, "tenant update", tenantUpdateSynopsis+"\n\nAn allowance change applies to usage recorded after it; nothing already recorded is recomputed.\n"+
+		"For a suspended tenant (its Stripe customer was deleted), --stripe-customer lifts the suspension once Stripe\n"+
+		"(STRIPE_SECRET_KEY, STRIPE_API_BASE) confirms it knows the customer; its pending usage logs are then billed.\n"+
+		"Setting --alert-url prints the endpoint's signing secret (whsec_...) once, as alert_secret; --alert-url \"\" and --alert-at \"\" remove them.")
 	name := fs.String("name", "", "new tenant name")
 	customer := fs.String("stripe-customer", "", "new Stripe customer id, cus_...")
-	in := fs.String("included-input-tokens", "", "new input tokens included per billing period")
-	out := fs.String("included-output-tokens", "", "new output tokens included per billing period")
+	inc := includedFlags(fs)
 	alertURL := fs.String("alert-url", "", "where threshold events are POSTed (http or https); \"\" removes it")
 	alertAt := fs.String("alert-at", "", "thresholds, percentages of each meter's allowance (e.g. 80,100); \"\" removes them")
 	ids, rest, err := leadingIDs(fs, args, "ID")
 	if err != nil {
 		return err
 	}
-	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
+	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL", "STRIPE_API_BASE", "REPORT_MAX_ATTEMPTS", "REPORT_BATCH_DELAY")
 	if err != nil {
 		return err
 	}
@@ -282,36 +305,41 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 				at = append(at, n)
 			}
 			p.AlertAt = &at
-		case "included-input-tokens", "included-output-tokens":
-			v := *in
-			dst := &p.IncludedInputTokens
-			if f.Name == "included-output-tokens" {
-				v, dst = *out, &p.IncludedOutputTokens
-			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("--%s %q: want a whole number of tokens", f.Name, v))
-				return
-			}
-			*dst = &n
 		}
 	})
 	if err := errors.Join(errs...); err != nil {
 		return fs.usageError(err)
 	}
-	if p == (tenants.UpdateParams{}) {
-		return fs.usageError(errors.New("nothing to change: give --name, --stripe-customer, --included-input-tokens, --included-output-tokens, --alert-url or --alert-at"))
+	if p.Included, err = inc(); err != nil {
+		return err
+	}
+	if p.Empty() {
+		return fs.usageError(errors.New("nothing to change: give --name, --stripe-customer, --included KEY=N, --included-input-tokens, --included-output-tokens, --alert-url or --alert-at"))
 	}
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return withTenants(ctx, cfg, func(s *tenants.Store) error {
-		d, err := s.Update(ctx, ids[0], p)
-		if err != nil {
-			return fmt.Errorf("update tenant: %w", err)
-		}
-		return printJSON(e.stdout, d)
-	})
+	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	// A new customer for a suspended tenant is checked with Stripe and
+	// lifts the suspension, queueing the tenant's report job: insert-only
+	// and silent, River's logs are no part of a command's answer.
+	rc, err := app.NewInsertClient(pool, nil)
+	if err != nil {
+		return err
+	}
+	s, err := app.NewTenants(pool, rc, cfg, nil)
+	if err != nil {
+		return err
+	}
+	d, err := s.Update(ctx, ids[0], p)
+	if err != nil {
+		return fmt.Errorf("update tenant: %w", err)
+	}
+	return printJSON(e.stdout, d)
 }
 
 func cmdTenantKey(ctx context.Context, e env, args []string) error {
@@ -363,4 +391,63 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "NO"
+}
+
+// includedFlags adds --included KEY=N (repeatable) and its two aliases,
+// --included-input-tokens N and --included-output-tokens N, to fs. The
+// function it returns, called after parsing, gives the allowances named
+// (nil when none): a key named twice with two numbers is a usage error.
+func includedFlags(fs *flags) func() (map[string]int64, error) {
+	var m map[string]int64
+	var errs []error
+	set := func(flagName, key, v string) {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q: want a whole number of tokens", flagName, v))
+			return
+		}
+		if m == nil {
+			m = map[string]int64{}
+		}
+		if old, ok := m[key]; ok && old != n {
+			errs = append(errs, fmt.Errorf("meter %s's allowance is given twice, as %d and %d", key, old, n))
+			return
+		}
+		m[key] = n
+	}
+	fs.Func("included", "include `KEY=N`: N tokens of meter KEY per billing period before overage (repeatable)", func(v string) error {
+		key, n, ok := strings.Cut(v, "=")
+		if !ok || key == "" {
+			errs = append(errs, fmt.Errorf("--included %q: want KEY=N, e.g. --included gpt4o_input=100000", v))
+			return nil
+		}
+		set("included", key, n)
+		return nil
+	})
+	fs.Func("included-input-tokens", "`N` input tokens included per billing period (--included input=N)", func(v string) error {
+		set("included-input-tokens", "input", v)
+		return nil
+	})
+	fs.Func("included-output-tokens", "`N` output tokens included per billing period (--included output=N)", func(v string) error {
+		set("included-output-tokens", "output", v)
+		return nil
+	})
+	return func() (map[string]int64, error) {
+		if err := errors.Join(errs...); err != nil {
+			return nil, fs.usageError(err)
+		}
+		return m, nil
+	}
+}
+
+// otherIncluded lists the allowances of the meters other than the
+// defaults, by key: "cache_reads=5000,gpt4o_input=100000" ("" for none).
+func otherIncluded(included map[string]int64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(included)) {
+		if !overage.IsDefaultMeter(k) {
+			parts = append(parts, fmt.Sprintf("%s=%d", k, included[k]))
+		}
+	}
+	return strings.Join(parts, ",")
 }

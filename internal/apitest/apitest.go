@@ -33,6 +33,10 @@ type Options struct {
 	WebhookSecret string
 	// TenantMaxInflight is TENANT_MAX_INFLIGHT; 0 keeps the default.
 	TenantMaxInflight int
+	// StripeAPIBase, when set, is STRIPE_API_BASE with a test
+	// STRIPE_SECRET_KEY: the tenant endpoints then ask that Stripe (an
+	// emulator) before lifting a suspension.
+	StripeAPIBase string
 }
 
 // Server is a running test API.
@@ -66,6 +70,9 @@ func StartOn(t testing.TB, pool *pgxpool.Pool, dbURL string) *Server {
 func StartWith(t testing.TB, pool *pgxpool.Pool, dbURL string, opts Options) *Server {
 	t.Helper()
 	env := vars{"LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": AdminToken, "STRIPE_WEBHOOK_SECRET": opts.WebhookSecret}
+	if opts.StripeAPIBase != "" {
+		env["STRIPE_SECRET_KEY"], env["STRIPE_API_BASE"] = "sk_test_123", opts.StripeAPIBase
+	}
 	if opts.TenantMaxInflight > 0 {
 		env["TENANT_MAX_INFLIGHT"] = strconv.Itoa(opts.TenantMaxInflight)
 	}

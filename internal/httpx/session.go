@@ -53,25 +53,62 @@ func AdminBrowser(adminToken, prefix string, logger *slog.Logger) func(http.Hand
 	}
 }
 
+// loginPage is the sign-in page. Its stylesheet is inline and it loads
+// nothing else — no fonts, images or scripts from anywhere — so it looks
+// the same offline, behind a strict proxy and on a loopback demo (the
+// icon is a data: URL, so the browser does not ask for /favicon.ico). The
+// heading does not wrap (TestRiverUIOpensInABrowser measures it).
 var loginPage = template.Must(template.New("login").Parse(`<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>overage — sign in</title>
-<meta name="viewport" content="width=device-width, initial-scale=1"></head>
-<body style="font-family: sans-serif; max-width: 28em; margin: 4em auto">
-<h1>overage operator sign-in</h1>
-{{if .Failed}}<p id="error" role="alert" style="color: #b00">That is not the admin token.</p>{{end}}
-{{if .Disabled}}<p id="error" role="alert" style="color: #b00">ADMIN_TOKEN is not configured: operator pages are disabled.</p>{{end}}
+<html lang="en"><head><meta charset="utf-8"><title>Sign in · overage</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'%3E%3Crect width='16' height='16' rx='4' fill='%233451c7'/%3E%3C/svg%3E">
+<style>
+:root { --ink: #172033; --muted: #5a6478; --line: #d5dbe7; --accent: #3451c7; --accent-dark: #263f9e; }
+* { box-sizing: border-box; }
+html, body { height: 100%; }
+body { margin: 0; display: flex; align-items: center; justify-content: center; padding: 24px;
+  font: 16px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+  color: var(--ink); background: #eef1f8 linear-gradient(160deg, #e3e9fb 0%, #f3f5fa 50%, #e6ebf4 100%); }
+main { width: 100%; max-width: 400px; background: #fff; border: 1px solid var(--line); border-radius: 14px;
+  box-shadow: 0 12px 32px rgba(23, 32, 51, .10); padding: 32px 32px 28px; }
+.brand { display: flex; align-items: center; gap: 10px; margin: 0 0 24px; font-weight: 650; font-size: 15px; }
+.mark { width: 28px; height: 28px; border-radius: 8px; background: var(--accent); color: #fff;
+  display: flex; align-items: center; justify-content: center; font-size: 16px; line-height: 1; }
+h1 { margin: 0 0 4px; font-size: 24px; line-height: 1.25; font-weight: 650; white-space: nowrap; }
+.lead { margin: 0 0 24px; color: var(--muted); font-size: 14px; }
+label { display: block; margin: 0 0 6px; font-size: 14px; font-weight: 600; }
+input { display: block; width: 100%; padding: 10px 12px; font: inherit; color: inherit;
+  border: 1px solid var(--line); border-radius: 8px; background: #fbfcfe; }
+input:focus { outline: 3px solid rgba(52, 81, 199, .25); border-color: var(--accent); background: #fff; }
+.hint { margin: 6px 0 20px; color: var(--muted); font-size: 13px; }
+button { display: block; width: 100%; padding: 10px 14px; font: inherit; font-weight: 600; color: #fff;
+  background: var(--accent); border: 0; border-radius: 8px; cursor: pointer; }
+button:hover, button:focus-visible { background: var(--accent-dark); }
+.error { margin: 0 0 18px; padding: 10px 12px; font-size: 14px; color: #9b1c1c;
+  background: #fdf0f0; border: 1px solid #f3c4c4; border-radius: 8px; }
+code { font: 13px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+</style></head>
+<body><main>
+<div class="brand"><span class="mark" aria-hidden="true">o</span>overage</div>
+<h1>Sign in</h1>
+<p class="lead">to River UI, the billing job queue</p>
+{{if .Failed}}<p id="error" class="error" role="alert">That is not the admin token.</p>{{end}}
+{{if .Disabled}}<p id="error" class="error" role="alert">ADMIN_TOKEN is not configured: operator pages are disabled.</p>{{end}}
 <form method="post" action="{{.Action}}">
-<label for="token">Admin token (ADMIN_TOKEN)</label><br>
-<input id="token" name="token" type="password" autocomplete="current-password" required autofocus size="40">
+<label for="token">Admin token</label>
+<input id="token" name="token" type="password" autocomplete="current-password" required autofocus>
+<p class="hint">The server's <code>ADMIN_TOKEN</code>. You stay signed in for {{.Hours}} hours.</p>
 <button id="signin" type="submit">Sign in</button>
-</form></body></html>
+</form>
+</main></body></html>
 `))
 
 func serveLogin(w http.ResponseWriter, r *http.Request, adminToken, prefix string, logger *slog.Logger) {
 	page := struct {
 		Action           string
 		Failed, Disabled bool
-	}{Action: prefix + "/login", Disabled: adminToken == ""}
+		Hours            int
+	}{Action: prefix + "/login", Disabled: adminToken == "", Hours: int(SessionTTL.Hours())}
 	status := http.StatusOK
 	switch r.Method {
 	case http.MethodGet, http.MethodHead:

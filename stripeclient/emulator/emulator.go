@@ -9,6 +9,9 @@
 //     KeyTTL), the identifier rule (400 "An event already exists with
 //     identifier ..." with Stripe-Should-Retry: false within IdentifierTTL),
 //     and 429 for a second concurrent call on one (customer, event name);
+//   - GET /v1/customers/{id} and POST /v1/customers: the customers it was
+//     told of, created, or billed (customers.go), 404 resource_missing for
+//     any other;
 //   - GET /v1/billing/meters, GET /v1/billing/meters/{id} and
 //     GET /v1/billing/meters/{id}/event_summaries over what was applied;
 //   - seeded fault injection: 500s, 429s, lost responses (applied, saved,
@@ -205,9 +208,13 @@ type Emulator struct {
 	meters        map[string]*meter // by event name
 	meterIDs      map[string]*meter // by id
 	failCustomers map[string]string
-	reqSeq        uint64
-	meterSeq      uint64
-	applies       uint64 // endpoint executions, to pace purgeExpiredLocked
+	// knownCustomers and deletedCustomers answer GET /v1/customers/{id}
+	// (customers.go).
+	knownCustomers   map[string]bool
+	deletedCustomers map[string]bool
+	reqSeq           uint64
+	meterSeq         uint64
+	applies          uint64 // endpoint executions, to pace purgeExpiredLocked
 }
 
 // scopedKey is an idempotency key or identifier within one account (API key).
@@ -240,21 +247,22 @@ type meter struct {
 // New builds an emulator. Serve it with Start, or mount Handler yourself.
 func New(opts Options) *Emulator {
 	e := &Emulator{
-		keyTTL:        opts.KeyTTL,
-		identifierTTL: opts.IdentifierTTL,
-		now:           opts.Now,
-		log:           opts.Logger,
-		closed:        make(chan struct{}),
-		rng:           rand.New(rand.NewPCG(uint64(opts.Seed), 0x5eed)),
-		idem:          make(map[scopedKey]*idemEntry),
-		identifiers:   make(map[scopedKey]time.Time),
-		slots:         make(map[slotKey]bool),
-		appliedCount:  make(map[string]int),
-		meters:        make(map[string]*meter),
-		meterIDs:      make(map[string]*meter),
-		failCustomers: make(map[string]string),
-		rateLimit:     opts.RateLimit,
-		limiters:      make(map[string]*rate.Limiter),
+		keyTTL:         opts.KeyTTL,
+		identifierTTL:  opts.IdentifierTTL,
+		now:            opts.Now,
+		log:            opts.Logger,
+		closed:         make(chan struct{}),
+		rng:            rand.New(rand.NewPCG(uint64(opts.Seed), 0x5eed)),
+		idem:           make(map[scopedKey]*idemEntry),
+		identifiers:    make(map[scopedKey]time.Time),
+		slots:          make(map[slotKey]bool),
+		appliedCount:   make(map[string]int),
+		meters:         make(map[string]*meter),
+		meterIDs:       make(map[string]*meter),
+		failCustomers:  make(map[string]string),
+		knownCustomers: make(map[string]bool), deletedCustomers: make(map[string]bool),
+		rateLimit: opts.RateLimit,
+		limiters:  make(map[string]*rate.Limiter),
 	}
 	if e.rateLimit == 0 {
 		e.rateLimit = DefaultRateLimit

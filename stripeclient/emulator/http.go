@@ -109,6 +109,10 @@ func (e *Emulator) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPost && path == "/v1/billing/meter_events":
 		e.handleMeterEvent(w, r, rec, account, form, perr)
+	case r.Method == http.MethodPost && path == "/v1/customers":
+		e.handleCreateCustomer(w, rec, form, perr)
+	case r.Method == http.MethodGet && strings.HasPrefix(path, "/v1/customers/") && !strings.Contains(strings.TrimPrefix(path, "/v1/customers/"), "/"):
+		e.handleGetCustomer(w, r, rec, strings.TrimPrefix(path, "/v1/customers/"))
 	case r.Method == http.MethodGet && path == "/v1/billing/meters":
 		e.handleListMeters(w, r, rec)
 	case r.Method == http.MethodGet && strings.HasPrefix(path, "/v1/billing/meters/"):
@@ -130,7 +134,7 @@ func (e *Emulator) notFound(w http.ResponseWriter, r *http.Request, rec *Request
 	a := &apiError{
 		status:  http.StatusNotFound,
 		Type:    "invalid_request_error",
-		Message: fmt.Sprintf("Unrecognized request URL (%s: %s). The stripe emulator implements only billing meter events and meters.", r.Method, r.URL.Path),
+		Message: fmt.Sprintf("Unrecognized request URL (%s: %s). The stripe emulator implements only billing meter events, meters and customers.", r.Method, r.URL.Path),
 	}
 	e.finish(rec, a.status, OutcomeNotFound)
 	writeJSON(w, a.status, a.body())

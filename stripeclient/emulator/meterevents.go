@@ -195,6 +195,7 @@ func (e *Emulator) handleMeterEvent(w http.ResponseWriter, r *http.Request, rec 
 		})
 		e.appliedCount[in.identifier]++
 		e.meterForLocked(in.eventName)
+		e.seenCustomerLocked(in.customer)
 		status = http.StatusOK
 		body = mustJSON(meterEventJSON{
 			Object:     "billing.meter_event",
@@ -341,7 +342,7 @@ func (e *Emulator) validateMeterEvent(form url.Values) (*meterEventInput, *apiEr
 	in.value = v
 
 	e.mu.Lock()
-	known := e.customers == nil || e.customers[in.customer]
+	known := (e.customers == nil || e.customers[in.customer]) && !e.deletedCustomers[in.customer]
 	failMsg := e.failCustomers[in.customer]
 	e.mu.Unlock()
 	if !known {

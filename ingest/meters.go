@@ -1,0 +1,263 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/meters"
+)
+
+// Meters in ingest. The routing of each kind of token to a meter is
+// decided here, in the ingest transaction, with the catalog of the
+// meter_catalog version the transaction read (a cached catalog is used
+// while its version is current), and recorded on the log: the default
+// meters in the columns they always had, every other meter as one element
+// of the log's meter_* arrays. The split at the allowance is the same rule
+// (overage.Split) for every meter, against the meter's own period total:
+// allowance_usage for the default meters, meter_usage for the others.
+
+// querier is a pool or a transaction: what reads logs and the catalog.
+type querier interface {
+	overage.DB
+	meters.Querier
+}
+
+// extraTotals are the period totals of the meters other than the
+// defaults, per period and meter key.
+type extraTotals map[time.Time]map[string]int64
+
+func (t extraTotals) add(p time.Time, meter string, n int64) {
+	m, ok := t[p]
+	if !ok {
+		m = map[string]int64{}
+		t[p] = m
+	}
+	m[meter] += n
+}
+
+// extraTotalsSQL reads the totals of every non-default meter of the tenant
+// $1 in the periods of the usage timestamps $2 (the periods as periodsSQL
+// computes them). Queued only while the catalog has such meters.
+const extraTotalsSQL = `
+	WITH p AS (
+		SELECT DISTINCT coalesce((
+			SELECT s.current_period_start FROM tenant_subscriptions s
+			WHERE s.tenant_id = $1 AND s.current_period_start <= e.ts AND e.ts < s.current_period_end
+			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', e.ts, 'UTC')) AS start
+		FROM unnest($2::timestamptz[]) AS e (ts)
+	)
+	SELECT m.period_start, m.meter, sum(m.tokens)::bigint
+	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start
+	GROUP BY 1, 2`
+
+// linesOf computes the meter lines of an event of model with amounts, each
+// line's overage split against its meter's running total in period p, and
+// adds the tokens to those totals. Lines of the default meters come
+// first (always both); other meters only when they got tokens.
+func (st *state) linesOf(model string, amounts [overage.NumTokenTypes]int64, p time.Time) ([]overage.MeterLine, error) {
+	mts := st.route(model).Lines(amounts)
+	lines := make([]overage.MeterLine, 0, len(mts))
+	tot := st.totals[p]
+	for i, mt := range mts {
+		if i >= 2 && mt.Tokens == 0 {
+			continue
+		}
+		var before, included int64
+		switch mt.Meter {
+		case overage.MeterInput:
+			before, included = tot.InputTokens, st.allowance.InputTokens
+		case overage.MeterOutput:
+			before, included = tot.OutputTokens, st.allowance.OutputTokens
+		default:
+			before, included = st.extra[p][mt.Meter], st.included[mt.Meter]
+		}
+		// A total spread over slot rows can pass 2^63-1 here before any
+		// one row's upsert would: refuse, as PostgreSQL does (422).
+		if mt.Tokens > 0 && before > maxTotal-mt.Tokens {
+			return nil, errTotalOverflow
+		}
+		lines = append(lines, overage.MeterLine{Meter: mt.Meter, Tokens: mt.Tokens, Overage: overage.Split(before, mt.Tokens, included)})
+		switch mt.Meter {
+		case overage.MeterInput:
+			tot.InputTokens += mt.Tokens
+		case overage.MeterOutput:
+			tot.OutputTokens += mt.Tokens
+		default:
+			st.extra.add(p, mt.Meter, mt.Tokens)
+		}
+	}
+	return lines, nil
+}
+
+const maxTotal = int64(^uint64(0) >> 1)
+
+// billable reports whether any line has overage to send (a correction's
+// may be negative, and two lines may cancel in a dimension's sum).
+func billable(lines []overage.MeterLine) bool {
+	for _, l := range lines {
+		if l.Overage != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// rawLines are a log's lines as its row holds them (see
+// overage.Catalog.Present): default lines with the dimensions' whole
+// tokens.
+func rawLines(l *overage.UsageLog, lines []overage.MeterLine) []overage.MeterLine {
+	raw := append([]overage.MeterLine(nil), lines...)
+	raw[0].Tokens, raw[1].Tokens = l.InputTokens, l.OutputTokens
+	for i := range raw {
+		raw[i].EventName, raw[i].Identifier = "", nil
+	}
+	return raw
+}
+
+// needsOrder reports whether the period's new events can be charged
+// without ordering: every meter they feed with an allowance has its total
+// at or past it (totals only grow, so then each event's overage is all
+// its tokens whatever the order).
+func (st *state) needsOrder(p time.Time, fed map[string]bool) bool {
+	tot := st.totals[p]
+	if tot.InputTokens < st.allowance.InputTokens || tot.OutputTokens < st.allowance.OutputTokens {
+		return true
+	}
+	for k := range fed {
+		if inc := st.included[k]; inc > 0 && (!st.extraRead || st.extra[p][k] < inc) {
+			return true
+		}
+	}
+	return false
+}
+
+// extraAllowances lists the meters other than the defaults with an
+// allowance, and the allowances.
+func (st *state) extraAllowances() ([]string, []int64) {
+	var keys []string
+	var incs []int64
+	for k, v := range st.included {
+		if v > 0 {
+			keys = append(keys, k)
+			incs = append(incs, v)
+		}
+	}
+	return keys, incs
+}
+
+// flatLines are the non-default lines of a statement's logs as arguments:
+// flat arrays and each log's offset and count in them.
+type flatLines struct {
+	keys           pgArray[pgString]
+	tokens, over   pgArray[pgInt8]
+	offsets, count []int32
+}
+
+func (f *flatLines) add(lines []overage.MeterLine) {
+	f.offsets = append(f.offsets, int32(len(f.keys)))
+	n := 0
+	for _, ln := range lines[min(2, len(lines)):] {
+		f.keys = append(f.keys, pgString(ln.Meter))
+		f.tokens = append(f.tokens, pgInt8(ln.Tokens))
+		f.over = append(f.over, pgInt8(ln.Overage))
+		n++
+	}
+	f.count = append(f.count, int32(n))
+}
+
+// present completes logs read from rows (see overage.Catalog.Present).
+func (s *Service) present(ctx context.Context, q meters.Querier, logs ...*overage.UsageLog) error {
+	var keys []string
+	for _, l := range logs {
+		if l != nil {
+			keys = append(keys, overage.ExtraKeys(l.Meters)...)
+		}
+	}
+	cat, err := s.meters.Knowing(ctx, q, keys)
+	if err != nil {
+		return err
+	}
+	for _, l := range logs {
+		if l != nil {
+			cat.Present(l)
+		}
+	}
+	return nil
+}
+
+// rowLines are the meter lines of a row: the defaults from their columns,
+// the others from the arrays.
+func rowLines(l *overage.UsageLog, inLead, outLead *uuid.UUID, inAt, outAt *time.Time, keys []string, tokens, over []int64,
+	leads []pgtype.UUID, accepted []pgtype.Timestamptz) ([]overage.MeterLine, error) {
+	lines := make([]overage.MeterLine, 2, 2+len(keys))
+	lines[0] = overage.MeterLine{Meter: overage.MeterInput, Tokens: l.InputTokens, Overage: l.Overage.InputTokens, Lead: inLead, AcceptedAt: utcPtr(inAt)}
+	lines[1] = overage.MeterLine{Meter: overage.MeterOutput, Tokens: l.OutputTokens, Overage: l.Overage.OutputTokens, Lead: outLead, AcceptedAt: utcPtr(outAt)}
+	if len(tokens) != len(keys) || len(over) != len(keys) {
+		return nil, fmt.Errorf("usage log %s: meter arrays of %d, %d and %d elements", l.ID, len(keys), len(tokens), len(over))
+	}
+	for i, k := range keys {
+		ln := overage.MeterLine{Meter: k, Tokens: tokens[i], Overage: over[i]}
+		if i < len(leads) && leads[i].Valid {
+			id := uuid.UUID(leads[i].Bytes)
+			ln.Lead = &id
+		}
+		if i < len(accepted) && accepted[i].Valid {
+			t := accepted[i].Time.UTC()
+			ln.AcceptedAt = &t
+		}
+		lines = append(lines, ln)
+	}
+	return lines, nil
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// presentAll presents the logs of maps read in an ingest transaction with
+// its catalog, or a newer one when a log names a meter it lacks.
+func (s *Service) presentAll(ctx context.Context, q meters.Querier, cat *overage.Catalog, recorded map[uuid.UUID]*overage.UsageLog,
+	earlier map[string]*overage.UsageLog) error {
+	logs := make([]*overage.UsageLog, 0, len(recorded)+len(earlier))
+	for _, l := range recorded {
+		logs = append(logs, l)
+	}
+	for _, l := range earlier {
+		logs = append(logs, l)
+	}
+	for _, l := range logs {
+		for _, k := range overage.ExtraKeys(l.Meters) {
+			if _, ok := cat.Meter(k); !ok {
+				return s.present(ctx, q, logs...)
+			}
+		}
+	}
+	for _, l := range logs {
+		cat.Present(l)
+	}
+	return nil
+}
+
+// asRecordedLines are lines as they were when their log was recorded:
+// in no report, nothing accepted.
+func asRecordedLines(lines []overage.MeterLine) ([]overage.MeterLine, []overage.StripeEvent) {
+	out := make([]overage.MeterLine, len(lines))
+	var events []overage.StripeEvent
+	for i, ln := range lines {
+		ln.Lead, ln.Identifier, ln.AcceptedAt = nil, nil, nil
+		out[i] = ln
+		if ln.Overage != 0 {
+			events = append(events, overage.StripeEvent{Dimension: overage.Dimension(ln.Meter), Value: ln.Overage})
+		}
+	}
+	return out, events
+}

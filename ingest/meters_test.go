@@ -1,0 +1,279 @@
+package ingest_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+
+	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/meters"
+)
+
+// createMeters adds meters to the catalog, as `overage meter create` does.
+func (b *bundle) createMeters(t *testing.T, ps ...meters.CreateParams) {
+	t.Helper()
+	store := meters.NewStore(b.pool, overage.DefaultMeterInputEvent, overage.DefaultMeterOutputEvent)
+	for _, p := range ps {
+		if _, err := store.Create(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// meterLines are a log's meter lines, by meter.
+func meterLines(t *testing.T, body []byte) map[string]overage.MeterLine {
+	t.Helper()
+	var l struct {
+		Meters []overage.MeterLine `json:"meters"`
+	}
+	if err := json.Unmarshal(body, &l); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]overage.MeterLine{}
+	for _, ln := range l.Meters {
+		if _, dup := out[ln.Meter]; dup {
+			t.Fatalf("meter %s twice in %s", ln.Meter, body)
+		}
+		out[ln.Meter] = ln
+	}
+	return out
+}
+
+func partsEvent(model string, in, read, write, out, reasoning int) string {
+	return fmt.Sprintf(`{"user_id":"u_1","model_id":%q,"input_tokens":%d,"cache_read_input_tokens":%d,"cache_creation_input_tokens":%d,"output_tokens":%d,"reasoning_output_tokens":%d}`,
+		model, in, read, write, out, reasoning)
+}
+
+// Each kind of token goes to the most specific active meter of its type;
+// a kind without one goes where its parent goes; the answer and the GET
+// show one line per meter fed, with the meter's event name, and the
+// overage per dimension is the sum of its meters'.
+func TestEventsFeedTheMetersTheirModelsRouteTo(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Routed before any meter exists: everything on the defaults.
+	r := b.post(t, b.alice.APIKey, "before", partsEvent("gpt-4o-mini", 100, 30, 10, 50, 20))
+	requireStatus(t, r, http.StatusAccepted)
+	lines := meterLines(t, r.body)
+	if len(lines) != 2 || lines["input"].Tokens != 100 || lines["output"].Tokens != 50 {
+		t.Fatalf("before any meter: lines %+v", lines)
+	}
+	b.createMeters(t,
+		meters.CreateParams{Key: "gpt4o_input", EventName: "gpt4o_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o*"}},
+		meters.CreateParams{Key: "gpt4o_mini_input", EventName: "gpt4o_mini_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o-mini"}},
+		meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead},
+		meters.CreateParams{Key: "o1_reasoning", EventName: "o1_reasoning_tokens", TokenType: overage.TokenReasoning, Models: []string{"o1"}},
+	)
+	cases := []struct {
+		model string
+		want  map[string]int64
+	}{
+		// The exact pattern beats the prefix; cache writes have no meter
+		// and go where input goes; reasoning of another model goes where
+		// output goes.
+		{"gpt-4o-mini", map[string]int64{"input": 0, "output": 50, "gpt4o_mini_input": 70, "cache_reads": 30}},
+		{"gpt-4o-2024-08-06", map[string]int64{"input": 0, "output": 50, "gpt4o_input": 70, "cache_reads": 30}},
+		{"o1", map[string]int64{"input": 70, "output": 30, "o1_reasoning": 20, "cache_reads": 30}},
+		{"claude", map[string]int64{"input": 70, "output": 50, "cache_reads": 30}},
+	}
+	for i, c := range cases {
+		r := b.post(t, b.alice.APIKey, fmt.Sprintf("k%d", i), partsEvent(c.model, 100, 30, 10, 50, 20))
+		requireStatus(t, r, http.StatusAccepted)
+		lines := meterLines(t, r.body)
+		if len(lines) != len(c.want) {
+			t.Fatalf("%s: lines %+v, want %v", c.model, lines, c.want)
+		}
+		for m, n := range c.want {
+			if lines[m].Tokens != n || lines[m].Overage != n {
+				t.Fatalf("%s: meter %s got %+v, want %d tokens, all overage", c.model, m, lines[m], n)
+			}
+		}
+		if lines["cache_reads"].EventName != "cache_read_tokens" || lines["input"].EventName != overage.DefaultMeterInputEvent {
+			t.Fatalf("%s: event names %+v", c.model, lines)
+		}
+		var l overage.UsageLog
+		if err := json.Unmarshal(r.body, &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Overage.InputTokens != 100 || l.Overage.OutputTokens != 50 {
+			t.Fatalf("%s: overage per dimension %+v, want 100/50", c.model, l.Overage)
+		}
+		// The GET reads back what the answer said.
+		g := b.do(t, http.MethodGet, "/v1/usage-events/"+l.ID.String(), b.alice.APIKey, "", "")
+		requireStatus(t, g, http.StatusOK)
+		if got := meterLines(t, g.body); fmt.Sprint(got) != fmt.Sprint(lines) {
+			t.Fatalf("%s: GET lines %v, answer lines %v", c.model, got, lines)
+		}
+		// And a replay answers byte for byte.
+		if rr := b.post(t, b.alice.APIKey, fmt.Sprintf("k%d", i), partsEvent(c.model, 100, 30, 10, 50, 20)); string(rr.body) != string(r.body) {
+			t.Fatalf("%s: replay\n%s\nfirst\n%s", c.model, rr.body, r.body)
+		}
+	}
+	// Archived, a meter routes nothing recorded after it.
+	if _, err := meters.NewStore(b.pool, "", "").Archive(context.Background(), "cache_reads"); err != nil {
+		t.Fatal(err)
+	}
+	r = b.post(t, b.alice.APIKey, "after-archive", partsEvent("claude", 100, 30, 10, 50, 20))
+	requireStatus(t, r, http.StatusAccepted)
+	if lines := meterLines(t, r.body); len(lines) != 2 || lines["input"].Tokens != 100 {
+		t.Fatalf("after archive: lines %+v, want all input on the default meter", lines)
+	}
+}
+
+// Concurrent batches of mixed models across allowances on a per-model
+// meter and on the default meters: each meter's split is exact, and the
+// period totals and finance counters equal the logs' lines.
+func TestConcurrentBatchesSplitExactlyPerMeter(t *testing.T) {
+	t.Parallel()
+	b := setupUnlimited(t)
+	b.createMeters(t,
+		meters.CreateParams{Key: "gpt4o_input", EventName: "gpt4o_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}},
+		meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
+	if _, err := b.pool.Exec(context.Background(), `UPDATE tenants SET included_meters = '{"gpt4o_input": 700, "cache_reads": 90}' WHERE id = $1`,
+		b.capped.ID); err != nil {
+		t.Fatal(err)
+	}
+	// 20 batches x 6 events, half gpt-4o, half claude: input 30 with 5
+	// cache reads, output 10 each. gpt4o_input gets 60 x 25 = 1500 against
+	// 700; input (claude's) 60 x 25 = 1500 against 1000; cache_reads 120 x
+	// 5 = 600 against 90; output 120 x 10 = 1200 against 500.
+	const n, per = 20, 6
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			evs := make([]string, per)
+			for j := range evs {
+				model := "gpt-4o"
+				if j%2 == 1 {
+					model = "claude"
+				}
+				evs[j] = fmt.Sprintf(`{"request_id":"r%d-%d","user_id":"u","model_id":%q,"input_tokens":30,"cache_read_input_tokens":5,"output_tokens":10}`, i, j, model)
+			}
+			requireStatus(t, b.postBatch(t, b.capped.APIKey, fmt.Sprintf("b%d", i), batch(evs...)), http.StatusAccepted)
+		}()
+	}
+	wg.Wait()
+	want := map[string]int64{"input": 1500 - 1000, "output": 1200 - 500, "gpt4o_input": 1500 - 700, "cache_reads": 600 - 90}
+	got := map[string]int64{}
+	tokens := map[string]int64{}
+	rows, err := b.pool.Query(context.Background(), `
+		SELECT 'input', overage_input_tokens, 0::bigint
+		FROM usage_logs WHERE tenant_id = $1
+		UNION ALL SELECT 'output', overage_output_tokens, output_tokens FROM usage_logs WHERE tenant_id = $1
+		UNION ALL SELECT x.k, x.o, x.t FROM usage_logs, unnest(meter_keys, meter_overage, meter_tokens) AS x (k, o, t) WHERE tenant_id = $1`,
+		b.capped.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k string
+		var o, tk int64
+		if err := rows.Scan(&k, &o, &tk); err != nil {
+			t.Fatal(err)
+		}
+		got[k] += o
+		tokens[k] += tk
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("overage per meter %v, want %v", got, want)
+	}
+	// The period totals are the logs' tokens per meter.
+	var in, out int64
+	if err := b.pool.QueryRow(context.Background(), `SELECT coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0)
+		FROM allowance_usage WHERE tenant_id = $1`, b.capped.ID).Scan(&in, &out); err != nil {
+		t.Fatal(err)
+	}
+	if in != 1500 || out != 1200 || out != tokens["output"] {
+		t.Fatalf("default meters' totals %d/%d, want 1500/1200", in, out)
+	}
+	for _, k := range []string{"gpt4o_input", "cache_reads"} {
+		if tot := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1 AND meter = $2`, b.capped.ID, k); int64(tot) != tokens[k] {
+			t.Fatalf("meter %s total %d, want the logs' %d", k, tot, tokens[k])
+		}
+		// The finance counters of the meter equal its logs' overage.
+		if c := b.count(t, `SELECT coalesce(sum(overage_tokens), 0) FROM meter_counters WHERE tenant_id = $1 AND meter = $2`, b.capped.ID, k); int64(c) != want[k] {
+			t.Fatalf("meter %s counters %d, want %d", k, c, want[k])
+		}
+		// At most one event straddles the meter's allowance.
+		if s := b.count(t, `SELECT count(*) FROM usage_logs, unnest(meter_keys, meter_overage, meter_tokens) AS x (k, o, t)
+			WHERE tenant_id = $1 AND x.k = $2 AND x.o BETWEEN 1 AND x.t - 1`, b.capped.ID, k); s > 1 {
+			t.Fatalf("%d events straddle the allowance of %s", s, k)
+		}
+	}
+}
+
+// A correction moves every meter's share: voiding a log takes back what it
+// put on each meter, and correcting to new totals puts the difference on
+// the meters the totals route to.
+func TestCorrectionsMoveEachMetersShare(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createMeters(t, meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
+	r := b.post(t, b.alice.APIKey, "e1", partsEvent("gpt-4o", 100, 60, 0, 50, 0))
+	requireStatus(t, r, http.StatusAccepted)
+	var l overage.UsageLog
+	if err := json.Unmarshal(r.body, &l); err != nil {
+		t.Fatal(err)
+	}
+	sumPerMeter := func() map[string]int64 {
+		t.Helper()
+		out := map[string]int64{}
+		for _, id := range []string{l.ID.String()} {
+			g := b.do(t, http.MethodGet, "/v1/usage-events/"+id, b.alice.APIKey, "", "")
+			requireStatus(t, g, http.StatusOK)
+			var got struct {
+				Meters      []overage.MeterLine `json:"meters"`
+				Corrections []struct {
+					Meters []overage.MeterLine `json:"meters"`
+				} `json:"corrections"`
+			}
+			if err := json.Unmarshal(g.body, &got); err != nil {
+				t.Fatal(err)
+			}
+			for _, ln := range got.Meters {
+				out[ln.Meter] += ln.Overage
+			}
+			for _, c := range got.Corrections {
+				for _, ln := range c.Meters {
+					out[ln.Meter] += ln.Overage
+				}
+			}
+		}
+		return out
+	}
+	if got := sumPerMeter(); got["input"] != 40 || got["cache_reads"] != 60 || got["output"] != 50 {
+		t.Fatalf("recorded %v", got)
+	}
+	// 80 input, of which the original's 60 cache reads still fit.
+	c := b.do(t, http.MethodPost, "/v1/usage-events/"+l.ID.String()+"/corrections", b.alice.APIKey, "c1",
+		`{"input_tokens":80,"output_tokens":50,"reason":"fewer tokens"}`)
+	requireStatus(t, c, http.StatusAccepted)
+	if got := sumPerMeter(); got["input"] != 20 || got["cache_reads"] != 60 || got["output"] != 50 {
+		t.Fatalf("after correcting input to 80: %v, want input 20, cache_reads 60, output 50", got)
+	}
+	// 40 input: the cache reads are cut to fit.
+	c = b.do(t, http.MethodPost, "/v1/usage-events/"+l.ID.String()+"/corrections", b.alice.APIKey, "c2",
+		`{"input_tokens":40,"output_tokens":50,"reason":"fewer still"}`)
+	requireStatus(t, c, http.StatusAccepted)
+	if got := sumPerMeter(); got["input"] != 0 || got["cache_reads"] != 40 || got["output"] != 50 {
+		t.Fatalf("after correcting input to 40: %v, want input 0, cache_reads 40, output 50", got)
+	}
+	// Voided: every meter's share is taken back.
+	c = b.do(t, http.MethodPost, "/v1/usage-events/"+l.ID.String()+"/corrections", b.alice.APIKey, "c3",
+		`{"input_tokens":0,"output_tokens":0,"reason":"void"}`)
+	requireStatus(t, c, http.StatusAccepted)
+	if got := sumPerMeter(); got["input"] != 0 || got["cache_reads"] != 0 || got["output"] != 0 {
+		t.Fatalf("after voiding: %v, want nothing on any meter", got)
+	}
+	if tot := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1`, b.alice.ID); tot != 0 {
+		t.Fatalf("cache_reads period total %d after voiding, want 0", tot)
+	}
+}
