@@ -82,7 +82,10 @@ type CorrectParams struct {
 	Fingerprint  []byte
 	InputTokens  int64
 	OutputTokens int64
-	Reason       string
+	// Parts are the corrected parts given (nil: keep the original's, cut
+	// to fit the corrected totals).
+	Parts  overage.TokenParts
+	Reason string
 }
 
 // correctionResponse is the JSON of a correction's answer.
@@ -146,7 +149,12 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 		cur.OutputTokens += c.OutputTokens
 	}
 	delta := overage.Overage{InputTokens: p.InputTokens - cur.InputTokens, OutputTokens: p.OutputTokens - cur.OutputTokens}
-	if delta.InputTokens == 0 && delta.OutputTokens == 0 {
+	cat, err := s.meters.Knowing(ctx, tx, nil)
+	if err != nil {
+		return nil, err
+	}
+	lines := correctionLines(cat, orig, earlier, p.InputTokens, p.OutputTokens, p.Parts)
+	if delta.InputTokens == 0 && delta.OutputTokens == 0 && !billableTokens(lines) {
 		return nil, overage.Invalid([]overage.FieldError{{Field: fieldInputTokens, Detail: "equals the current totals: nothing to correct"}},
 			"usage log %s already totals %d input and %d output tokens: nothing to correct", orig.ID, cur.InputTokens, cur.OutputTokens)
 	}
@@ -158,11 +166,7 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	if err != nil {
 		return nil, err
 	}
-	cat, err := s.meters.Knowing(ctx, tx, nil)
-	if err != nil {
-		return nil, err
-	}
-	c.lines = correctionLines(cat, orig, earlier, p.InputTokens, p.OutputTokens)
+	c.lines = lines
 	if err := c.compute(ctx, tx, cat); err != nil {
 		return nil, err
 	}
@@ -472,10 +476,27 @@ func deltaUsage(logs []*deltaLog) []alerts.Usage {
 	return out
 }
 
-// deltaLines routes a change of an event of model's totals with no parts
-// (a stream's increase or decrease) to meters with cat.
-func deltaLines(cat *overage.Catalog, model string, in, out int64) []overage.MeterTokens {
-	return nonZeroExtras(cat.Route(model).Lines(overage.Amounts(in, out, overage.TokenParts{})))
+// meterDeltas is, per meter, target less have: the meters of target in its
+// order (the default meters first), then the meters only have names — a
+// share given back — in key order.
+func meterDeltas(target []overage.MeterTokens, have map[string]int64) []overage.MeterTokens {
+	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
+	seen := map[string]bool{}
+	for _, t := range target {
+		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
+		seen[t.Meter] = true
+	}
+	var gone []string
+	for k := range have {
+		if !seen[k] {
+			gone = append(gone, k)
+		}
+	}
+	slices.Sort(gone)
+	for _, k := range gone {
+		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
+	}
+	return lines
 }
 
 func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
@@ -494,7 +515,7 @@ func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
 // totals keep orig's reported parts, cut to fit the new totals, so a
 // correction that voids a log takes back every meter's share, and one that
 // changes output leaves input's meters alone.
-func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage.UsageLog, in, out int64) []overage.MeterTokens {
+func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage.UsageLog, in, out int64, given overage.TokenParts) []overage.MeterTokens {
 	parts := overage.TokenParts{}
 	clip := func(p *int64, room int64) *int64 {
 		if p == nil {
@@ -504,12 +525,21 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 		return &v
 	}
 	parts.CacheRead = clip(orig.CacheRead, in)
+	if given.CacheRead != nil {
+		parts.CacheRead = given.CacheRead
+	}
 	var read int64
 	if parts.CacheRead != nil {
 		read = *parts.CacheRead
 	}
 	parts.CacheWrite = clip(orig.CacheWrite, in-read)
+	if given.CacheWrite != nil {
+		parts.CacheWrite = clip(given.CacheWrite, in-read)
+	}
 	parts.Reasoning = clip(orig.Reasoning, out)
+	if given.Reasoning != nil {
+		parts.Reasoning = given.Reasoning
+	}
 	target := cat.Route(orig.ModelID).Lines(overage.Amounts(in, out, parts))
 	have := map[string]int64{}
 	for _, ln := range orig.Meters {
@@ -520,24 +550,7 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 			have[ln.Meter] += ln.Tokens
 		}
 	}
-	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
-	seen := map[string]bool{}
-	for _, t := range target {
-		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
-		seen[t.Meter] = true
-	}
-	// Meters orig fed that the corrected totals no longer route to give
-	// their share back.
-	var gone []string
-	for k := range have {
-		if !seen[k] {
-			gone = append(gone, k)
-		}
-	}
-	slices.Sort(gone)
-	for _, k := range gone {
-		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
-	}
+	lines := meterDeltas(target, have)
 	return nonZeroExtras(lines)
 }
 
@@ -584,19 +597,20 @@ func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) erro
 	return nil
 }
 
-var knownCorrectionFields = map[string]bool{"input_tokens": true, "output_tokens": true, "reason": true}
+var knownCorrectionFields = map[string]bool{"input_tokens": true, "output_tokens": true, "reason": true,
+	fieldCacheRead: true, fieldCacheWrite: true, fieldReasoning: true}
 
 // maxReasonLen bounds a correction's reason, which operators read.
 const maxReasonLen = 1000
 
 // parseCorrection decodes and validates a correction body.
-func parseCorrection(body []byte) (in, out int64, reason string, err error) {
+func parseCorrection(body []byte) (in, out int64, parts overage.TokenParts, reason string, err error) {
 	raw, err := decodeObject(body, "the body must be a JSON object")
 	if err != nil {
-		return 0, 0, "", err
+		return 0, 0, parts, "", err
 	}
 	if err := refuseUnknown(raw, func(k string) bool { return knownCorrectionFields[k] }); err != nil {
-		return 0, 0, "", err
+		return 0, 0, parts, "", err
 	}
 	var fields []overage.FieldError
 	tokens := func(name string) int64 {
@@ -617,6 +631,28 @@ func parseCorrection(body []byte) (in, out int64, reason string, err error) {
 		return n
 	}
 	in, out = tokens(fieldInputTokens), tokens("output_tokens")
+	// The corrected parts, optional: those not given keep the original's
+	// (cut to fit the corrected totals).
+	part := func(name string) *int64 {
+		if v, ok := raw[name]; !ok || string(v) == "null" {
+			return nil
+		}
+		n := tokens(name)
+		return &n
+	}
+	parts = overage.TokenParts{CacheRead: part(fieldCacheRead), CacheWrite: part(fieldCacheWrite), Reasoning: part(fieldReasoning)}
+	if len(fields) == 0 {
+		if c := parts.Input(); c > in {
+			name := fieldCacheWrite
+			if parts.CacheWrite == nil {
+				name = fieldCacheRead
+			}
+			fields = append(fields, overage.FieldError{Field: name, Detail: fmt.Sprintf("makes %d cached input tokens, more than input_tokens (%d), which includes them", c, in)})
+		}
+		if parts.Reasoning != nil && *parts.Reasoning > out {
+			fields = append(fields, overage.FieldError{Field: fieldReasoning, Detail: fmt.Sprintf("is %d, more than output_tokens (%d), which includes it", *parts.Reasoning, out)})
+		}
+	}
 	if v, ok := raw["reason"]; !ok || string(v) == "null" {
 		fields = append(fields, overage.FieldError{Field: "reason", Detail: "is required"})
 	} else if err := json.Unmarshal(v, &reason); err != nil {
@@ -625,9 +661,9 @@ func parseCorrection(body []byte) (in, out int64, reason string, err error) {
 		fields = append(fields, overage.FieldError{Field: "reason", Detail: fmt.Sprintf("must be 1 to %d characters, not blank, without NUL", maxReasonLen)})
 	}
 	if len(fields) > 0 {
-		return 0, 0, "", overage.Invalid(fields, "the correction is invalid: %s", describe(fields))
+		return 0, 0, parts, "", overage.Invalid(fields, "the correction is invalid: %s", describe(fields))
 	}
-	return in, out, reason, nil
+	return in, out, parts, reason, nil
 }
 
 func (h *Handler) createCorrection(w http.ResponseWriter, r *http.Request) {
@@ -654,7 +690,7 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 	if err != nil {
 		return nil, overage.NotFound("usage log %q not found", chi.URLParam(r, "id"))
 	}
-	in, out, reason, err := parseCorrection(body)
+	in, out, parts, reason, err := parseCorrection(body)
 	if err != nil {
 		return nil, err
 	}
@@ -670,7 +706,7 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 		defer release()
 	}
 	return h.svc.Correct(r.Context(), CorrectParams{TenantID: tenantID, KeyID: keyID, UsageLogID: logID, Key: key, Fingerprint: fp,
-		InputTokens: in, OutputTokens: out, Reason: reason})
+		InputTokens: in, OutputTokens: out, Parts: parts, Reason: reason})
 }
 
 // CorrectionFingerprint is the fingerprint of the HTTP request that asks
