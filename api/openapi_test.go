@@ -1295,8 +1295,8 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 	// without a case here, or a case lost, fails.
 	for path, item := range f.doc.Paths.Map() {
 		for method, op := range item.Operations() {
-			if slices.Contains(op.Tags, "tenants") || slices.Contains(op.Tags, "integrations") || slices.Contains(op.Tags, "meters") {
-				continue // TestTenantAPIConformsToOpenAPI, TestLiteLLMAPIConformsToOpenAPI, TestMeterAPIConformsToOpenAPI
+			if slices.Contains(op.Tags, "tenants") || slices.Contains(op.Tags, "integrations") || slices.Contains(op.Tags, "meters") || slices.Contains(op.Tags, "alerts") {
+				continue // TestTenantAPIConformsToOpenAPI, TestLiteLLMAPIConformsToOpenAPI, TestMeterAPIConformsToOpenAPI, TestAlertsAPIConformsToOpenAPI
 			}
 			for status := range op.Responses.Map() {
 				if !f.seen[op.OperationID][status] {

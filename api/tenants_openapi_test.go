@@ -197,6 +197,32 @@ func TestTenantAPIConformsToOpenAPI(t *testing.T) {
 					t.Fatalf("updated: %s", r.body)
 				}
 			}},
+		{name: "200 set the alert endpoint: the secret once", status: 200,
+			req: with(http.MethodPatch, tenantPath(""), `{"alert_url":"https://example.com/hooks/overage","alert_at":[100,80]}`),
+			check: func(t *testing.T, f *fixture, r *result) {
+				m := r.json(t)
+				sec, _ := m["alert_secret"].(string)
+				if m["alert_url"] != "https://example.com/hooks/overage" || fmt.Sprint(m["alert_at"]) != "[80 100]" || !strings.HasPrefix(sec, "whsec_") {
+					t.Fatalf("updated: %s", r.body)
+				}
+			}},
+		{name: "200 the secret is not shown again", status: 200, req: with(http.MethodGet, tenantPath(""), ""),
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); m["alert_secret"] != nil || m["alert_url"] != "https://example.com/hooks/overage" {
+					t.Fatalf("shown: %s", r.body)
+				}
+			}},
+		{name: "200 clear the alert endpoint and thresholds", status: 200,
+			req: with(http.MethodPatch, tenantPath(""), `{"alert_url":"","alert_at":[]}`),
+			check: func(t *testing.T, f *fixture, r *result) {
+				if m := r.json(t); m["alert_url"] != nil || fmt.Sprint(m["alert_at"]) != "[]" || m["alert_secret"] != nil {
+					t.Fatalf("cleared: %s", r.body)
+				}
+			}},
+		{name: "422 update, threshold out of range", status: 422, problem: "validation-failed", field: "alert_at", docRefuses: true,
+			req: with(http.MethodPatch, tenantPath(""), `{"alert_at":[0,101]}`)},
+		{name: "422 update, alert URL not http", status: 422, problem: "validation-failed", field: "alert_url",
+			req: with(http.MethodPatch, tenantPath(""), `{"alert_url":"ftp://example.com"}`)},
 		{name: "200 update an allowance per meter", status: 200, req: with(http.MethodPatch, tenantPath(""), `{"included":{"output":7}}`),
 			check: func(t *testing.T, f *fixture, r *result) {
 				if m := r.json(t); fmt.Sprint(m["included"]) != "map[input:5000 output:7]" || m["included_output_tokens"] != 7.0 {

@@ -22,6 +22,7 @@ import (
 	"riverqueue.com/riverui"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/ingest"
@@ -162,10 +163,13 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 				Observer: metrics.NewIngest(reg), TenantMaxInflight: cfg.TenantMaxInflight,
 			}),
 			finance.NewHandler(finance.HandlerConfig{DB: adminPool, AdminToken: cfg.AdminToken, Logger: logger}),
-			tenants.NewHandler(tenants.HandlerConfig{Store: ts, AdminToken: cfg.AdminToken, Logger: logger}),
+			tenants.NewHandler(tenants.HandlerConfig{Store: ts, AdminToken: cfg.AdminToken, Logger: logger,
+				OnUpdate: svc.Alerts().Forget}),
 			meters.NewHandler(meters.HandlerConfig{
 				Store: meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent), AdminToken: cfg.AdminToken, Logger: logger,
 			}),
+			alerts.NewHandler(alerts.HandlerConfig{DB: pool, Auth: ts, AdminToken: cfg.AdminToken, Logger: logger,
+				EventNames: map[string]string{alerts.MeterInput: cfg.MeterInputEvent, alerts.MeterOutput: cfg.MeterOutputEvent}}),
 			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
@@ -282,6 +286,7 @@ func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *inges
 	svc.UseMeters(meters.NewStore(pool, in, out))
 	svc.SetCoalescing(cfg.IngestCoalesce)
 	svc.SetPeriodCloseGrace(cfg.PeriodCloseGrace)
+	svc.SetAlerts(alerts.NewRecorder(rc))
 	return svc
 }
 

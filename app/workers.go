@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/metrics"
 
@@ -53,7 +54,9 @@ func NewWorkers(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger, reg promet
 	if err != nil {
 		return nil, fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)
 	}
-	w, err := workers.New(pool, WorkersConfig(cfg, logger, metrics.InstrumentSender(sc, reg)))
+	wc := WorkersConfig(cfg, logger, metrics.InstrumentSender(sc, reg))
+	wc.Alerts.Metrics = alerts.NewMetrics(reg)
+	w, err := workers.New(pool, wc)
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}

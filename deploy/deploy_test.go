@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/internal/apitest"
 	"github.com/overage-billing/overage/internal/testkit/aptinstall"
 	"github.com/overage-billing/overage/metrics"
@@ -113,6 +114,7 @@ func exported(t *testing.T) map[string]bool {
 	}
 	reg := prometheus.NewRegistry()
 	sender := metrics.InstrumentSender(sc, reg)
+	alerts.NewMetrics(reg) // what overage work registers beside it
 	ev := stripeclient.MeterEvent{EventName: "llm_input_tokens", CustomerID: "cus_deploy", Value: 5, Timestamp: time.Now(), Key: "usage-log:deploy:input"}
 	if _, err := sender.SendMeterEvent(context.Background(), ev); err != nil {
 		t.Fatal(err)

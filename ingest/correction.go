@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/httpx"
 	"github.com/overage-billing/overage/usagelog"
@@ -175,7 +176,7 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 		return nil, fmt.Errorf("render correction: %w", err)
 	}
 	out := &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: c.log.ID}
-	if err := writeDeltaLogs(ctx, tx, s.outbox, tenantID, []*deltaLog{c}); err != nil {
+	if err := writeDeltaLogs(ctx, tx, s.outbox, s.alerts, tenantID, []*deltaLog{c}); err != nil {
 		return nil, err
 	}
 	if err := k.store(ctx, tx, out); err != nil {
@@ -321,6 +322,9 @@ type deltaLog struct {
 	lines []overage.MeterTokens
 	// split is lines with their overage, set by compute.
 	split []overage.MeterLine
+	// before and included are, per line, its meter's period total before
+	// the log and its allowance, read by compute under the period's lock.
+	before, included []int64
 }
 
 // compute orders the log with every ingest event of its period that still
@@ -374,6 +378,7 @@ func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx, cat *overage.Catalog)
 	}
 	l := d.log
 	d.split = make([]overage.MeterLine, len(d.lines))
+	d.before, d.included = make([]int64, len(d.lines)), make([]int64, len(d.lines))
 	for i, ln := range d.lines {
 		var t, inc int64
 		switch ln.Meter {
@@ -388,6 +393,7 @@ func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx, cat *overage.Catalog)
 			return errTotalOverflow
 		}
 		d.split[i] = overage.MeterLine{Meter: ln.Meter, Tokens: ln.Tokens, Overage: overage.Split(t, ln.Tokens, inc)}
+		d.before[i], d.included[i] = t, inc
 	}
 	l.CreatedAt = now.UTC().Truncate(time.Microsecond)
 	l.BillingStatus = overage.BillingStatusNotBillable
@@ -405,7 +411,7 @@ func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx, cat *overage.Catalog)
 // meter_usage) and inserts the logs.
 func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 	InsertReportsTx(context.Context, pgx.Tx, uuid.UUID, []uuid.UUID) error
-}, tenantID uuid.UUID, logs []*deltaLog) error {
+}, rec *alerts.Recorder, tenantID uuid.UUID, logs []*deltaLog) error {
 	var billableIDs []uuid.UUID
 	for _, d := range logs {
 		if billable(d.split) {
@@ -416,6 +422,9 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		if err := ob.InsertReportsTx(ctx, tx, tenantID, billableIDs); err != nil {
 			return err
 		}
+	}
+	if err := rec.Record(ctx, tx, tenantID, deltaUsage(logs)...); err != nil {
+		return err
 	}
 	for _, d := range logs {
 		l := d.log
@@ -452,6 +461,17 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		}
 	}
 	return nil
+}
+
+// deltaUsage is how the logs change their meters' period totals.
+func deltaUsage(logs []*deltaLog) []alerts.Usage {
+	out := make([]alerts.Usage, 0, 2*len(logs))
+	for _, d := range logs {
+		for i, ln := range d.split {
+			out = append(out, alerts.Usage{Meter: ln.Meter, PeriodStart: d.period, Included: d.included[i], Before: d.before[i], After: d.before[i] + ln.Tokens})
+		}
+	}
+	return out
 }
 
 // meterDeltas is, per meter, target less have: the meters of target in its

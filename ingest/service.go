@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/dberr"
 	"github.com/overage-billing/overage/meters"
@@ -66,6 +67,9 @@ type Service struct {
 	pool   *pgxpool.Pool
 	outbox *outbox.Inserter
 	slots  *slotLeases
+	// alerts records threshold events in the transactions that cross
+	// them; nil records none.
+	alerts *alerts.Recorder
 	// meters is the catalog usage is routed with.
 	meters *meters.Store
 
@@ -110,6 +114,13 @@ func (s *Service) SetCoalescing(inFlight int) {
 		s.coalesce = newCoalescer(s, inFlight, maxGroupEvents)
 	}
 }
+
+// SetAlerts makes the ingest transactions record the threshold events
+// they cross with r (nil: none).
+func (s *Service) SetAlerts(r *alerts.Recorder) { s.alerts = r }
+
+// Alerts is the Recorder SetAlerts set, or nil.
+func (s *Service) Alerts() *alerts.Recorder { return s.alerts }
 
 // Outcome is the response to send for a usage event.
 type Outcome struct {
@@ -355,6 +366,9 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 		// Before the writes, so the counter rows the usage log insert
 		// updates stay locked only for the last pipeline and the commit.
 		if err := s.outbox.InsertReportsTx(ctx, tx, g.tenantID, w.reportIDs); err != nil {
+			return nil, err
+		}
+		if err := s.alerts.Record(ctx, tx, g.tenantID, w.meterUsage(st)...); err != nil {
 			return nil, err
 		}
 	}
@@ -803,6 +817,26 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		}
 	}
 	return w, nil
+}
+
+// meterUsage is how the new logs change each meter's period total (the
+// running totals newLogs left in st). The totals are exact for every
+// period with allowance left on a meter it feeds (st.order read them under
+// the period's lock); a period past the allowance of every meter it feeds
+// crosses no threshold (thresholds are at most 100%).
+func (w *writes) meterUsage(st *state) []alerts.Usage {
+	out := make([]alerts.Usage, 0, 2*len(w.deltaOrder)+len(w.extra))
+	for _, p := range w.deltaOrder {
+		after, d := st.totals[p], w.deltas[p]
+		out = append(out,
+			alerts.Usage{Meter: overage.MeterInput, PeriodStart: p, Included: st.allowance.InputTokens, Before: after.InputTokens - d.InputTokens, After: after.InputTokens},
+			alerts.Usage{Meter: overage.MeterOutput, PeriodStart: p, Included: st.allowance.OutputTokens, Before: after.OutputTokens - d.OutputTokens, After: after.OutputTokens})
+	}
+	for _, d := range w.extra {
+		after := st.extra[d.period][d.meter]
+		out = append(out, alerts.Usage{Meter: d.meter, PeriodStart: d.period, Included: st.included[d.meter], Before: after - d.tokens, After: after})
+	}
+	return out
 }
 
 // exec writes and commits, in one round trip: the expired records'

@@ -265,7 +265,7 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 			return nil, err
 		}
 	}
-	if err := writeDeltaLogs(ctx, tx, s.outbox, p.TenantID, logs); err != nil {
+	if err := writeDeltaLogs(ctx, tx, s.outbox, s.alerts, p.TenantID, logs); err != nil {
 		return nil, err
 	}
 	if _, err := tx.Exec(ctx, `UPDATE usage_streams SET sequence = $3, input_tokens = $4, output_tokens = $5, final = $6,

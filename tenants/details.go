@@ -3,6 +3,8 @@ package tenants
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/internal/page"
 )
 
@@ -23,6 +26,13 @@ type Details struct {
 	SuspendedReason *string       `json:"suspended_reason"`
 	Subscription    *Subscription `json:"subscription"`
 	APIKeys         []APIKey      `json:"api_keys"`
+	// AlertURL and AlertAt are where threshold events go and at which
+	// percentages of each meter's allowance (docs/alerts.md).
+	AlertURL *string `json:"alert_url"`
+	AlertAt  []int   `json:"alert_at"`
+	// AlertSecret is the endpoint's signing secret: only in the answer of
+	// the update that set the URL, never again.
+	AlertSecret string `json:"alert_secret,omitempty"`
 }
 
 // Subscription is the tenant's Stripe subscription as the webhooks last
@@ -54,7 +64,7 @@ type listKey struct {
 // order, at most $4 of them (NULL: no limit).
 const detailsQuery = `
 	SELECT t.id, t.name, t.stripe_customer_id, t.included_input_tokens, t.included_output_tokens, t.included_meters, t.created_at,
-	       t.suspended_at, t.suspended_reason,
+	       t.suspended_at, t.suspended_reason, t.alert_url, coalesce(t.alert_thresholds, '{}')::int[],
 	       s.stripe_subscription_id, s.status, s.current_period_start, s.current_period_end,
 	       coalesce((SELECT json_agg(json_build_object('id', k.id, 'prefix', k.key_prefix,
 	                        'created_at', k.created_at, 'revoked_at', k.revoked_at) ORDER BY k.created_at, k.id)
@@ -131,7 +141,7 @@ func (s *Store) details(ctx context.Context, id *uuid.UUID, after *listKey, limi
 		var subStart, subEnd *time.Time
 		var extra []byte
 		if err := rows.Scan(&d.ID, &d.Name, &d.StripeCustomerID, &d.IncludedInputTokens, &d.IncludedOutputTokens, &extra, &d.CreatedAt,
-			&d.SuspendedAt, &d.SuspendedReason, &subID, &subStatus, &subStart, &subEnd, &d.APIKeys); err != nil {
+			&d.SuspendedAt, &d.SuspendedReason, &d.AlertURL, &d.AlertAt, &subID, &subStatus, &subStart, &subEnd, &d.APIKeys); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read tenants: %w", err)
 		}
@@ -161,12 +171,17 @@ type UpdateParams struct {
 	// other; 0 is no allowance. included.input and included.output are
 	// the two fields above (both given, they must agree).
 	Included map[string]int64 `json:"included"`
+	// AlertURL sets the alert endpoint (a new signing secret is issued and
+	// shown once); "" removes it and its secret. AlertAt sets the
+	// thresholds, percentages 1 to 100; [] removes them.
+	AlertURL *string `json:"alert_url"`
+	AlertAt  *[]int  `json:"alert_at"`
 }
 
 // Empty reports whether p names nothing to change.
 func (p UpdateParams) Empty() bool {
 	return p.Name == nil && p.StripeCustomerID == nil && p.IncludedInputTokens == nil && p.IncludedOutputTokens == nil &&
-		len(p.Included) == 0
+		len(p.Included) == 0 && p.AlertURL == nil && p.AlertAt == nil
 }
 
 // Validate reports every problem with p at once.
@@ -201,6 +216,24 @@ func (p UpdateParams) allowances() (in, out *int64, err error) {
 	fields = append(fields, validateIncluded(p.Included)...)
 	fields = append(fields, alias(p.Included, overage.MeterInput, "included_input_tokens", p.IncludedInputTokens)...)
 	fields = append(fields, alias(p.Included, overage.MeterOutput, "included_output_tokens", p.IncludedOutputTokens)...)
+	if p.AlertURL != nil && *p.AlertURL != "" {
+		if u, err := url.Parse(*p.AlertURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || len(*p.AlertURL) > 2048 {
+			fields = append(fields, overage.FieldError{Field: "alert_url", Detail: "must be an absolute http or https URL (at most 2048 characters), or empty to remove it"})
+		}
+	}
+	if p.AlertAt != nil {
+		seen := map[int]bool{}
+		for _, v := range *p.AlertAt {
+			if v < 1 || v > 100 || seen[v] {
+				fields = append(fields, overage.FieldError{Field: "alert_at", Detail: "must be distinct whole percentages from 1 to 100"})
+				break
+			}
+			seen[v] = true
+		}
+		if len(*p.AlertAt) > 10 {
+			fields = append(fields, overage.FieldError{Field: "alert_at", Detail: "must hold at most 10 thresholds"})
+		}
+	}
 	if len(fields) > 0 {
 		return nil, nil, overage.Invalid(fields, "invalid tenant update")
 	}
@@ -226,6 +259,24 @@ func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Deta
 	in, out, err := p.allowances()
 	if err != nil {
 		return nil, err
+	}
+	// The secret is issued with the URL: $8 says whether the URL changes,
+	// $9 is the new secret (NULL when the URL is removed).
+	var secret *string
+	if p.AlertURL != nil && *p.AlertURL != "" {
+		sec, err := alerts.NewSecret()
+		if err != nil {
+			return nil, fmt.Errorf("alert signing secret: %w", err)
+		}
+		secret = &sec
+	}
+	var thresholds []int16
+	if p.AlertAt != nil {
+		thresholds = make([]int16, len(*p.AlertAt))
+		for i, v := range *p.AlertAt {
+			thresholds[i] = int16(v)
+		}
+		slices.Sort(thresholds)
 	}
 	set := map[string]int64{}
 	drop := []string{}
@@ -258,8 +309,11 @@ func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Deta
 			name = coalesce($2, name), stripe_customer_id = coalesce($3, stripe_customer_id),
 			included_input_tokens = coalesce($4, included_input_tokens),
 			included_output_tokens = coalesce($5, included_output_tokens),
-			included_meters = (included_meters - $6::text[]) || $7::jsonb
-			WHERE id = $1`, id, p.Name, p.StripeCustomerID, in, out, drop, set)
+			included_meters = (included_meters - $6::text[]) || $7::jsonb,
+			alert_url = CASE WHEN $8::text IS NULL THEN alert_url ELSE nullif($8, '') END,
+			alert_secret = CASE WHEN $8::text IS NULL THEN alert_secret ELSE $9 END,
+			alert_thresholds = CASE WHEN $10 THEN $11::smallint[] ELSE alert_thresholds END
+			WHERE id = $1`, id, p.Name, p.StripeCustomerID, in, out, drop, set, p.AlertURL, secret, p.AlertAt != nil, thresholds)
 		if err != nil {
 			return fmt.Errorf("update tenant: %w", err)
 		}
@@ -274,5 +328,12 @@ func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Deta
 	if err != nil {
 		return nil, err
 	}
-	return s.Show(ctx, id)
+	d, err := s.Show(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if secret != nil {
+		d.AlertSecret = *secret
+	}
+	return d, nil
 }

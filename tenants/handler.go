@@ -23,6 +23,7 @@ type Handler struct {
 	store      *Store
 	adminToken string
 	logger     *slog.Logger
+	onUpdate   func(uuid.UUID)
 }
 
 // HandlerConfig wires a Handler.
@@ -31,11 +32,14 @@ type HandlerConfig struct {
 	// AdminToken is ADMIN_TOKEN; empty refuses every request.
 	AdminToken string
 	Logger     *slog.Logger
+	// OnUpdate, when set, is told of every tenant changed (ingest then
+	// forgets the alert thresholds it cached of it).
+	OnUpdate func(uuid.UUID)
 }
 
 // NewHandler returns the tenant endpoints.
 func NewHandler(cfg HandlerConfig) *Handler {
-	h := &Handler{store: cfg.Store, adminToken: cfg.AdminToken, logger: cfg.Logger}
+	h := &Handler{store: cfg.Store, adminToken: cfg.AdminToken, logger: cfg.Logger, onUpdate: cfg.OnUpdate}
 	if h.logger == nil {
 		h.logger = slog.New(slog.DiscardHandler)
 	}
@@ -131,6 +135,9 @@ func (h *Handler) update(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.fail(w, r, err)
 		return
+	}
+	if h.onUpdate != nil {
+		h.onUpdate(id)
 	}
 	httpx.JSON(w, http.StatusOK, d)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
@@ -59,6 +60,10 @@ type Config struct {
 	// PeriodCloseGrace is PERIOD_CLOSE_GRACE: a report of logs whose
 	// period is closed when it is formed carries the formation time.
 	PeriodCloseGrace time.Duration
+	// Alerts configures the delivery of threshold events; AlertWorkers is
+	// how many run at once in this process (alerts.DefaultWorkers).
+	Alerts       alerts.DeliverConfig
+	AlertWorkers int
 }
 
 // Workers is a running set of River workers.
@@ -94,6 +99,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if err := AddWebhookWorkers(ws, pool, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("add webhook workers: %w", err)
 	}
+	if err := river.AddWorkerSafely(ws, alerts.NewDeliverer(pool, cfg.Alerts)); err != nil {
+		return nil, fmt.Errorf("add alert deliverer: %w", err)
+	}
 	streamCloser, err := addStreamCloser(ws, pool, cfg)
 	if err != nil {
 		return nil, err
@@ -117,6 +125,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 			outbox.QueueReport:      {MaxWorkers: cfg.ReportWorkers},
 			outbox.QueueMaintenance: {MaxWorkers: 2},
 			outbox.QueueWebhooks:    WebhooksQueue(),
+			// Its own queue and bounded workers: an endpoint that hangs
+			// (each attempt cut at its timeout, at most PerTenant of a
+			// tenant at once) delays neither billing nor other tenants.
+			alerts.QueueAlerts: {MaxWorkers: cfg.AlertWorkers},
 		},
 		PeriodicJobs: []*river.PeriodicJob{
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.ReapInterval),
@@ -204,6 +216,12 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.ReportWorkers == 0 {
 		cfg.ReportWorkers = DefaultReportWorkers
+	}
+	if cfg.AlertWorkers == 0 {
+		cfg.AlertWorkers = alerts.DefaultWorkers
+	}
+	if cfg.Alerts.Logger == nil {
+		cfg.Alerts.Logger = cfg.Logger
 	}
 	if cfg.MeterInputEvent == "" {
 		cfg.MeterInputEvent = overage.DefaultMeterInputEvent

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/internal/apitest"
 	"github.com/overage-billing/overage/internal/testkit/aptinstall"
 )
@@ -42,7 +43,17 @@ func startLive(t *testing.T) *live {
 }
 
 func (l *live) env() []string {
-	return []string{"OVERAGE_URL=" + l.url, "OVERAGE_LOSSY_URL=" + l.lossyURL, "OVERAGE_API_KEY=" + l.apiKey}
+	// An alert delivery as the server's deliverer signs it (alerts.Sign
+	// over alerts.Event.Body), for the clients' verifiers to check.
+	secret, err := alerts.NewSecret()
+	if err != nil {
+		panic(err)
+	}
+	ev := alerts.Event{ID: "evt_0193a1b2c3d4e5f60718293a4b5c6d7e", Type: alerts.EventType, Created: time.Now().UTC(),
+		Data: alerts.EventData{Meter: "input", PeriodStart: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), ThresholdPercent: 80, Included: 100000, Used: 80500}}
+	body := ev.Body()
+	return []string{"OVERAGE_URL=" + l.url, "OVERAGE_LOSSY_URL=" + l.lossyURL, "OVERAGE_API_KEY=" + l.apiKey,
+		"OVERAGE_WEBHOOK_SECRET=" + secret, "OVERAGE_WEBHOOK_BODY=" + string(body), "OVERAGE_WEBHOOK_SIGNATURE=" + alerts.Sign(secret, time.Now(), body)}
 }
 
 // loseFirstAnswer lets the server execute the first request of each

@@ -25,7 +25,7 @@ const (
 	tenantCreateSynopsis = "overage tenant create --name NAME --stripe-customer CUS [--included KEY=N]… [--included-input-tokens N] [--included-output-tokens N]"
 	tenantListSynopsis   = "overage tenant list [--json]"
 	tenantShowSynopsis   = "overage tenant show ID [--json]"
-	tenantUpdateSynopsis = "overage tenant update ID [--name N] [--stripe-customer CUS] [--included KEY=N]… [--included-input-tokens N] [--included-output-tokens N]"
+	tenantUpdateSynopsis = "overage tenant update ID [--name N] [--stripe-customer CUS] [--included KEY=N]… [--included-input-tokens N] [--included-output-tokens N] [--alert-url URL] [--alert-at P,P…]"
 	tenantKeySynopsis    = "overage tenant key create ID | overage tenant key revoke ID KEY_ID"
 )
 
@@ -233,6 +233,18 @@ func writeTenant(w io.Writer, d *tenants.Details) error {
 	} else {
 		fmt.Fprintf(tw, "suspended\tno\n")
 	}
+	alertURL := "none"
+	if d.AlertURL != nil {
+		alertURL = *d.AlertURL
+	}
+	at := make([]string, len(d.AlertAt))
+	for i, p := range d.AlertAt {
+		at[i] = strconv.Itoa(p) + "%"
+	}
+	if len(at) == 0 {
+		at = []string{"none"}
+	}
+	fmt.Fprintf(tw, "alerts	%s at %s of each meter's allowance\n", alertURL, strings.Join(at, ", "))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -252,10 +264,13 @@ func writeTenant(w io.Writer, d *tenants.Details) error {
 func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "tenant update", tenantUpdateSynopsis+"\n\nAn allowance change applies to usage recorded after it; nothing already recorded is recomputed.\n"+
 		"For a suspended tenant (its Stripe customer was deleted), --stripe-customer lifts the suspension once Stripe\n"+
-		"(STRIPE_SECRET_KEY, STRIPE_API_BASE) confirms it knows the customer; its pending usage logs are then billed.")
+		"(STRIPE_SECRET_KEY, STRIPE_API_BASE) confirms it knows the customer; its pending usage logs are then billed.\n"+
+		"Setting --alert-url prints the endpoint's signing secret (whsec_...) once, as alert_secret; --alert-url \"\" and --alert-at \"\" remove them.")
 	name := fs.String("name", "", "new tenant name")
 	customer := fs.String("stripe-customer", "", "new Stripe customer id, cus_...")
 	inc := includedFlags(fs)
+	alertURL := fs.String("alert-url", "", "where threshold events are POSTed (http or https); \"\" removes it")
+	alertAt := fs.String("alert-at", "", "thresholds, percentages of each meter's allowance (e.g. 80,100); \"\" removes them")
 	ids, rest, err := leadingIDs(fs, args, "ID")
 	if err != nil {
 		return err
@@ -267,19 +282,39 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 	// Only the flags given change anything: --name "" is an error, not
 	// "leave it".
 	var p tenants.UpdateParams
+	var errs []error
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "name":
 			p.Name = name
 		case "stripe-customer":
 			p.StripeCustomerID = customer
+		case "alert-url":
+			p.AlertURL = alertURL
+		case "alert-at":
+			at := []int{}
+			for _, v := range strings.Split(*alertAt, ",") {
+				if v = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "%")); v == "" {
+					continue
+				}
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("--alert-at %q: want whole percentages, comma-separated (80,100)", *alertAt))
+					return
+				}
+				at = append(at, n)
+			}
+			p.AlertAt = &at
 		}
 	})
+	if err := errors.Join(errs...); err != nil {
+		return fs.usageError(err)
+	}
 	if p.Included, err = inc(); err != nil {
 		return err
 	}
 	if p.Empty() {
-		return fs.usageError(errors.New("nothing to change: give --name, --stripe-customer, --included KEY=N, --included-input-tokens or --included-output-tokens"))
+		return fs.usageError(errors.New("nothing to change: give --name, --stripe-customer, --included KEY=N, --included-input-tokens, --included-output-tokens, --alert-url or --alert-at"))
 	}
 	if err := p.Validate(); err != nil {
 		return err

@@ -195,3 +195,49 @@ func TestTenantCommandsAndAPIManageTenantsAndKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestTenantUpdateAlerts sets a tenant's alert endpoint and thresholds
+// from the CLI: the signing secret is printed once, never shown again, and
+// --alert-url "" --alert-at "" remove them.
+func TestTenantUpdateAlerts(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": pgtest.NewDatabase(t)}
+	cli := func(args ...string) map[string]any {
+		t.Helper()
+		out, _, err := runCmd(t, env, args...)
+		if err != nil {
+			t.Fatalf("overage %s: %v", strings.Join(args, " "), err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(out), &m); err != nil {
+			t.Fatalf("overage %s printed %q, not one JSON object", strings.Join(args, " "), out)
+		}
+		return m
+	}
+	id := cli("tenant", "create", "--name", "Acme", "--stripe-customer", "cus_acme", "--included-input-tokens", "1000")["id"].(string)
+	set := cli("tenant", "update", id, "--alert-url", "https://acme.example/hooks", "--alert-at", "100,80")
+	secret, _ := set["alert_secret"].(string)
+	if !strings.HasPrefix(secret, "whsec_") || set["alert_url"] != "https://acme.example/hooks" || fmt.Sprint(set["alert_at"]) != "[80 100]" {
+		t.Fatalf("update printed %v", set)
+	}
+	shown := cli("tenant", "show", id, "--json")
+	if shown["alert_secret"] != nil || shown["alert_url"] != "https://acme.example/hooks" {
+		t.Fatalf("show printed %v", shown)
+	}
+	if text, _, err := runCmd(t, env, "tenant", "show", id); err != nil || !strings.Contains(text, "https://acme.example/hooks at 80%, 100%") || strings.Contains(text, secret) {
+		t.Fatalf("tenant show: %v\n%s", err, text)
+	}
+	again := cli("tenant", "update", id, "--alert-url", "https://acme.example/v2")
+	if s, _ := again["alert_secret"].(string); !strings.HasPrefix(s, "whsec_") || s == secret {
+		t.Fatalf("a new URL did not issue a new secret: %v", again)
+	}
+	cleared := cli("tenant", "update", id, "--alert-url", "", "--alert-at", "")
+	if cleared["alert_url"] != nil || fmt.Sprint(cleared["alert_at"]) != "[]" || cleared["alert_secret"] != nil {
+		t.Fatalf("clearing printed %v", cleared)
+	}
+	for _, bad := range [][]string{{"--alert-at", "eighty"}, {"--alert-at", "0"}, {"--alert-url", "not a url"}} {
+		if _, _, err := runCmd(t, env, append([]string{"tenant", "update", id}, bad...)...); err == nil {
+			t.Errorf("overage tenant update %s succeeded", strings.Join(bad, " "))
+		}
+	}
+}

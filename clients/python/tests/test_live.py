@@ -21,7 +21,7 @@ import unittest
 import urllib.request
 import uuid
 
-from overage import PROBLEM_KEY_REUSED, PROBLEM_STREAM_CLOSED, Client, OverageError
+from overage import PROBLEM_KEY_REUSED, PROBLEM_STREAM_CLOSED, Client, OverageError, WebhookVerificationError, verify_webhook
 
 URL = os.environ.get("OVERAGE_URL", "")
 KEY = os.environ.get("OVERAGE_API_KEY", "")
@@ -59,6 +59,23 @@ class LiveTest(unittest.TestCase):
             self.c.record(self.event(self.rid, input_tokens=1), idempotency_key=self.rid)
         self.assertEqual((cm.exception.status, cm.exception.type, cm.exception.attempts), (409, PROBLEM_KEY_REUSED, 1))
         self.assertEqual(len(self.logs_of(self.rid)), 1)
+
+    def test_usage_counts_what_was_recorded(self) -> None:
+        before = {m.meter: m for m in self.c.usage().meters}
+        self.c.record(**self.event(self.rid, input_tokens=1234, output_tokens=56))
+        u = self.c.usage()
+        after = {m.meter: m for m in u.meters}
+        self.assertEqual(after["input"].used - before["input"].used, 1234)
+        self.assertEqual(after["output"].used - before["output"].used, 56)
+        self.assertEqual(after["input"].event_name, "llm_input_tokens")
+        self.assertLess(u.period_start, u.period_end)
+
+    def test_verifies_the_servers_signature(self) -> None:
+        body = os.environ["OVERAGE_WEBHOOK_BODY"].encode()
+        header, secret = os.environ["OVERAGE_WEBHOOK_SIGNATURE"], os.environ["OVERAGE_WEBHOOK_SECRET"]
+        self.assertEqual(verify_webhook(body, header, secret)["data"]["used"], 80500)
+        with self.assertRaises(WebhookVerificationError):
+            verify_webhook(body.replace(b"80500", b"80501"), header, secret)
 
     def test_invalid_event_names_its_field(self) -> None:
         with self.assertRaises(OverageError) as cm:

@@ -1,5 +1,5 @@
-"""verify_webhook against payloads signed here (the server does not send
-alerts yet: the format is the contract's, t=<unix>,v1=<hex HMAC-SHA256 of
+"""verify_webhook against payloads signed here (test_live.py also checks one
+signed by the server's own code: the format is the contract's, t=<unix>,v1=<hex HMAC-SHA256 of
 "<t>.<body>">)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { randomUUID } from "node:crypto";
 import { describe, it } from "node:test";
 
-import { Client, OverageError, PROBLEM_KEY_REUSED, PROBLEM_STREAM_CLOSED } from "../dist/index.js";
+import { Client, OverageError, PROBLEM_KEY_REUSED, PROBLEM_STREAM_CLOSED, WebhookVerificationError, verifyWebhook } from "../dist/index.js";
 
 const { OVERAGE_URL: URL_, OVERAGE_API_KEY: KEY, OVERAGE_LOSSY_URL: LOSSY } = process.env;
 const skip = URL_ && KEY && LOSSY ? false : "set OVERAGE_URL, OVERAGE_API_KEY and OVERAGE_LOSSY_URL (go test ./clients/clientstest does)";
@@ -42,6 +42,24 @@ describe("live", { skip }, () => {
     await assert.rejects(c().record(event(id, { inputTokens: 1 }), { idempotencyKey: id }),
       (e) => e instanceof OverageError && e.status === 409 && e.type === PROBLEM_KEY_REUSED && e.attempts === 1);
     assert.equal((await logsOf(id)).length, 1);
+  });
+
+  it("usage counts what was recorded", async () => {
+    const byMeter = (u) => Object.fromEntries(u.meters.map((m) => [m.meter, m]));
+    const before = byMeter(await c().usage());
+    await c().record(event(rid(), { inputTokens: 1234, outputTokens: 56 }));
+    const u = await c().usage();
+    const after = byMeter(u);
+    assert.deepEqual([after.input.used - before.input.used, after.output.used - before.output.used], [1234, 56]);
+    assert.equal(after.input.eventName, "llm_input_tokens");
+    assert.ok(u.periodStart < u.periodEnd);
+  });
+
+  it("verifies the server's signature", () => {
+    const body = process.env.OVERAGE_WEBHOOK_BODY ?? "";
+    const header = process.env.OVERAGE_WEBHOOK_SIGNATURE, secret = process.env.OVERAGE_WEBHOOK_SECRET ?? "";
+    assert.equal(verifyWebhook(body, header, secret).data.used, 80500);
+    assert.throws(() => verifyWebhook(body.replace("80500", "80501"), header, secret), WebhookVerificationError);
   });
 
   it("an invalid event names its field and is not retried", async () => {

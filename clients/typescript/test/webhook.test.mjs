@@ -1,5 +1,5 @@
-// verifyWebhook against payloads signed here (the server does not send alerts
-// yet: the format is t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">).
+// verifyWebhook against payloads signed here (live.test.mjs also checks one
+// signed by the server's own code: the format is t=<unix>,v1=<hex HMAC-SHA256 of "<t>.<body>">).
 
 import assert from "node:assert/strict";
 import { createHmac } from "node:crypto";
