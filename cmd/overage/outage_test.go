@@ -66,6 +66,9 @@ func TestDatabaseOutageUnderLoad(t *testing.T) {
 	wg := fl.run(6, stop, 2*time.Minute, false)
 	poll.Until(t, "reports accepted by Stripe before the cut", time.Minute, func() bool { return len(emu.Events()) >= 20 })
 
+	// Cut while a report is at Stripe (each is held there 150 ms), so its
+	// acceptance cannot be committed and must be resent under its key.
+	poll.Until(t, "a report in flight at Stripe", time.Minute, func() bool { return emu.InFlight() > 0 })
 	proxy.SetDown(true)
 	cutAt := time.Now()
 	poll.Until(t, "503s during the cut", outage, func() bool {
