@@ -48,6 +48,8 @@ func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 			Args: fmt.Sprintf("(%s, '{t,t}', '{t,t}', '{}', '{}')", ids(2, 0xfffff))},
 		{Name: "close members", SQL: closeMembersSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("(%s, 'failed', 'x')", ids(1, 0xfffff))},
 		{Name: "resolve reports", SQL: resolveReportsSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('%s', 'accepted', 'x')", planLog(2))},
+		{Name: "lock for review", SQL: lockForReviewSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('%s', 86400)", planLog(2))},
+		{Name: "tenant of", SQL: tenantOfSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('%s')", planLog(2))},
 		{Name: "resolve logs", SQL: resolveLogsSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("(%s, 'billed', 'x')", ids(2))},
 		{Name: "release", SQL: releaseSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('{%s}', '{input}')", planLead(3))},
 		{Name: "tenants pending since", SQL: tenantsPendingSinceSQL, Args: "(0)"},

@@ -53,11 +53,7 @@ func (s *Store) LockForReview(ctx context.Context, tx pgx.Tx, id uuid.UUID, wind
 	if err := planSettings(ctx, tx); err != nil {
 		return nil, err
 	}
-	err := tx.QueryRow(ctx, `SELECT billing_status, billing_message, first_attempt_at,
-			overage_input_tokens, overage_output_tokens, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
-			now(), first_attempt_at + make_interval(secs => $2),
-			coalesce(first_attempt_at + make_interval(secs => $2) > now(), false)
-		FROM usage_logs WHERE id = $1 FOR UPDATE`, id, window.Seconds()).
+	err := tx.QueryRow(ctx, lockForReviewSQL, id, window.Seconds()).
 		Scan(&l.Status, &l.Message, &l.FirstAttemptAt, &l.Overage.InputTokens, &l.Overage.OutputTokens, &inAt, &outAt, &inLead, &outLead,
 			&l.Now, &l.WindowEndsAt, &l.InsideWindow)
 	if err != nil {
@@ -133,10 +129,12 @@ func (s *Store) ResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, to overa
 	return out, nil
 }
 
-// TenantOf returns the tenant of a usage log.
+// TenantOf returns the tenant of a usage log. In a transaction of the
+// store's (after LockForReview or ResolveTx) it is planned for each
+// execution; a DB of its own should be such a transaction too.
 func (s *Store) TenantOf(ctx context.Context, db DB, id uuid.UUID) (uuid.UUID, error) {
 	var t uuid.UUID
-	if err := db.QueryRow(ctx, `SELECT tenant_id FROM usage_logs WHERE id = $1`, id).Scan(&t); err != nil {
+	if err := db.QueryRow(ctx, tenantOfSQL, id).Scan(&t); err != nil {
 		return uuid.Nil, fmt.Errorf("tenant of usage log %s: %w", id, err)
 	}
 	return t, nil
@@ -168,3 +166,13 @@ const resolveLogsSQL = `UPDATE usage_logs SET billing_status = $2, billing_messa
 				WHEN input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL THEN NULL ELSE now() END
 		WHERE id = ANY($1) AND billing_status IN ('needs_review', 'failed')
 		RETURNING id`
+
+// lockForReviewSQL reads and locks the log $1, with its window of $2 seconds.
+const lockForReviewSQL = `SELECT billing_status, billing_message, first_attempt_at,
+			overage_input_tokens, overage_output_tokens, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
+			now(), first_attempt_at + make_interval(secs => $2),
+			coalesce(first_attempt_at + make_interval(secs => $2) > now(), false)
+		FROM usage_logs WHERE id = $1 FOR UPDATE`
+
+// tenantOfSQL is the tenant of the log $1.
+const tenantOfSQL = `SELECT tenant_id FROM usage_logs WHERE id = $1`
