@@ -56,6 +56,8 @@ func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 		{Name: "claim", SQL: claimSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('%s', 60, 100, 60)", planTenant)},
 		{Name: "held for", SQL: heldForSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('%s')", planTenant)},
 		{Name: "expired reports", SQL: expiredReportsSQL, Settings: planSettingsSQL, Args: "(100, 60)"},
+		{Name: "backlog", SQL: backlogSQL, Settings: backlogSettingsSQL},
+		{Name: "backlog before (control)", SQL: backlogSQL},
 		{Name: "membership before (control)", SQL: formMembershipSQL,
 			Args: fmt.Sprintf("(ARRAY['%s', '%s']::uuid[], ARRAY['%s', NULL]::uuid[], '{NULL,NULL}', '{}', '{0,0}', '{0,0}')", planLog(1), missing, planLog(1))},
 	}
