@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
@@ -404,32 +405,62 @@ func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, ten
 	// not_billable logs are never sent; every other status may have
 	// touched Stripe, so all count towards activity, only billed ones
 	// towards the sums. greatest() ignores NULLs.
-	q := `SELECT t.stripe_customer_id,
-			to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'),
-			coalesce(sum(u.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-			coalesce(sum(u.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-			coalesce(bool_or(greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3), false)
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		WHERE u.ts >= $1 AND u.ts < $2 AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
+	q := billedQuery(tenantIDs != nil)
 	args := []any{from, end, cutoff}
 	if tenantIDs != nil {
-		q += ` AND u.tenant_id = ANY($4)`
 		args = append(args, tenantIDs)
 	}
-	q += ` GROUP BY 1, 2`
-	rows, err := db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
-	}
-	defer rows.Close()
 	sums := map[rowKey]int64{}
 	activity := map[activityKey]bool{}
+	err := rangeTx(ctx, db, func(db overage.DB) error {
+		return readBilled(ctx, db, q, args, inputEvent, outputEvent, sums, activity)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return sums, activity, nil
+}
+
+// rangeSettingsSQL opens the transaction of each read of a range of ts:
+// the range is read through usage_logs_ts (BRIN, 0050) whatever the
+// statistics say. The planner costs a BRIN index by the correlation of
+// ts with the table's order, which it knows only from ANALYZE: never
+// analysed, or analysed while the day asked held every row, it would read
+// the whole table instead. Planned for each execution, without JIT (a
+// plan that must keep a disabled scan is costed far above jit_above_cost).
+const rangeSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true),
+	set_config('jit', 'off', true)`
+
+// rangeTx runs f in a read-only transaction opened by rangeSettingsSQL when
+// db can begin one (a pool), else on db as it is.
+func rangeTx(ctx context.Context, db overage.DB, f func(overage.DB) error) error {
+	b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	})
+	if !ok {
+		return f(db)
+	}
+	return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, rangeSettingsSQL); err != nil {
+			return fmt.Errorf("reconcile: %w", err)
+		}
+		return f(tx)
+	})
+}
+
+func readBilled(ctx context.Context, db overage.DB, q string, args []any, inputEvent, outputEvent string,
+	sums map[rowKey]int64, activity map[activityKey]bool) error {
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return fmt.Errorf("reconcile: reading billed overage: %w", err)
+	}
+	defer rows.Close()
 	for rows.Next() {
 		var cus, day string
 		var in, out int64
 		var recent bool
 		if err := rows.Scan(&cus, &day, &in, &out, &recent); err != nil {
-			return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+			return fmt.Errorf("reconcile: reading billed overage: %w", err)
 		}
 		// Several tenants may share a customer: add, never overwrite.
 		sums[rowKey{cus, inputEvent, day}] += in
@@ -439,9 +470,27 @@ func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, ten
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+		return fmt.Errorf("reconcile: reading billed overage: %w", err)
 	}
-	return sums, activity, nil
+	return nil
+}
+
+// billedQuery sums billed overage per (customer, day) over ts in [$1, $2),
+// with activity after $3, of the tenants $4 when tenants is set. The range
+// is an index condition of usage_logs_ts (BRIN, migration 0050): a run
+// reads the pages of the days asked, not the whole table.
+func billedQuery(tenants bool) string {
+	q := `SELECT t.stripe_customer_id,
+			to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'),
+			coalesce(sum(u.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
+			coalesce(sum(u.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
+			coalesce(bool_or(greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3), false)
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+		WHERE u.ts >= $1 AND u.ts < $2 AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
+	if tenants {
+		q += ` AND u.tenant_id = ANY($4)`
+	}
+	return q + ` GROUP BY 1, 2`
 }
 
 // billedOnMeters adds to sums the billed overage of the meters other than
@@ -453,15 +502,15 @@ func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, ten
 	if len(eventOf) == 0 {
 		return nil
 	}
-	q := `SELECT t.stripe_customer_id, to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'), x.k, sum(x.o)::bigint
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage) AS x (k, o)
-		WHERE u.ts >= $1 AND u.ts < $2 AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
+	q := billedOnMetersQuery(tenantIDs != nil)
 	args := []any{from, end}
 	if tenantIDs != nil {
-		q += ` AND u.tenant_id = ANY($3)`
 		args = append(args, tenantIDs)
 	}
-	q += ` GROUP BY 1, 2, 3`
+	return rangeTx(ctx, db, func(db overage.DB) error { return readBilledOnMeters(ctx, db, q, args, eventOf, sums) })
+}
+
+func readBilledOnMeters(ctx context.Context, db overage.DB, q string, args []any, eventOf map[string]string, sums map[rowKey]int64) error {
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
@@ -483,6 +532,19 @@ func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, ten
 		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
 	}
 	return nil
+}
+
+// billedOnMetersQuery sums the billed overage of the other meters per
+// (customer, day, meter) over ts in [$1, $2), of the tenants $3 when
+// tenants is set.
+func billedOnMetersQuery(tenants bool) string {
+	q := `SELECT t.stripe_customer_id, to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'), x.k, sum(x.o)::bigint
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage) AS x (k, o)
+		WHERE u.ts >= $1 AND u.ts < $2 AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
+	if tenants {
+		q += ` AND u.tenant_id = ANY($3)`
+	}
+	return q + ` GROUP BY 1, 2, 3`
 }
 
 // summaries reads Stripe's daily summaries for every customer and meter.
