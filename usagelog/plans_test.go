@@ -62,15 +62,16 @@ func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 			Args: fmt.Sprintf("(ARRAY['%s', '%s']::uuid[], ARRAY['%s', NULL]::uuid[], '{NULL,NULL}', '{}', '{0,0}', '{0,0}')", planLog(1), missing, planLog(1))},
 	}
 	for _, stats := range []struct {
-		name string
-		rows int // logs seeded, and ANALYZE'd when > 0, before the plans are made
-	}{{"never analysed", 0}, {"analysed at 5 rows", 5}} {
+		name    string
+		rows    int // logs seeded before the plans are made
+		analyse bool
+	}{{"never analysed", 0, false}, {"analysed empty", 0, true}, {"analysed at 5 rows", 5, true}} {
 		t.Run(stats.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool, _ := pgtest.NewPool(t)
 			seedPlanLogs(t, pool, 1, stats.rows)
-			if stats.rows > 0 {
+			if stats.analyse {
 				if _, err := pool.Exec(ctx, `ANALYZE usage_logs; ANALYZE usage_reports; ANALYZE tenants`); err != nil {
 					t.Fatal(err)
 				}
@@ -84,11 +85,12 @@ func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 			seedPlanLogs(t, pool, stats.rows+1, grown)
 			for i, r := range pgtest.PlanReads(t, conn.Conn(), probes) {
 				control := strings.HasSuffix(probes[i].Name, "(control)")
-				// A few pages a probe, an updated row's index entries
-				// included; a filter may drop a row a probe, never the
+				// A few pages a probe, an updated row's index entries (and
+				// their page splits) included, against some 1,800 for a
+				// sequential scan; a filter may drop a row a probe, never the
 				// tenant's rows.
-				bounded := r.Pages <= 60 && r.Removed <= 3
-				if control && stats.rows == 0 {
+				bounded := r.Pages <= 120 && r.Removed <= 3
+				if control && !stats.analyse {
 					continue // planned well on an empty table, by luck
 				}
 				if bounded == control {
