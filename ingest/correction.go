@@ -19,6 +19,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/httpx"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Corrections. Usage recorded wrongly is never edited: a correction is a
@@ -58,7 +59,7 @@ const CorrectedByAdmin = "admin"
 // DefaultPeriodCloseGrace is PERIOD_CLOSE_GRACE's default: how long after
 // a billing period ends Stripe still takes usage for it, and a tenant's key
 // may still correct it.
-const DefaultPeriodCloseGrace = time.Hour
+const DefaultPeriodCloseGrace = usagelog.DefaultPeriodCloseGrace
 
 // SetPeriodCloseGrace sets PERIOD_CLOSE_GRACE (d > 0): a period that ended
 // longer ago than d is closed, and only an administrator corrects its logs.
@@ -197,14 +198,9 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 	mayCloseOld bool, grace time.Duration) (*deltaLog, string, error) {
 	var period, nowPeriod, now time.Time
 	var closed bool
-	// Closed: the period holding now() - grace began after the log's (so
-	// the log's ended more than grace ago), or the subscription period the
-	// log is in is known to have ended more than grace ago (a cancelled
-	// subscription's last period, which no later one follows).
+	// Closed: usagelog.PeriodClosedSQL, the one rule.
 	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`,
-			`+periodOfSQL("(now() - make_interval(secs => $3))")+` > u.period_start
-			OR EXISTS (SELECT 1 FROM tenant_subscriptions s WHERE s.tenant_id = $1 AND s.current_period_start = u.period_start
-				AND s.current_period_end < now() - make_interval(secs => $3)),
+			`+usagelog.PeriodClosedSQL("$1", "u.period_start", "$3")+`,
 			now()
 		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID, grace.Seconds()).Scan(&period, &nowPeriod, &closed, &now); err != nil {
 		return nil, "", fmt.Errorf("read the period of %s: %w", orig.ID, err)
@@ -223,6 +219,11 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 		ID: id, TenantID: orig.TenantID, Timestamp: orig.Timestamp, UserID: orig.UserID, ModelID: orig.ModelID,
 		InputTokens: delta.InputTokens, OutputTokens: delta.OutputTokens,
 		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason, CorrectedBy: &by,
+		StripeTimestamp: usagelog.TimestampUsage,
+	}
+	if closed {
+		// Its report is formed after now, its period closed for good.
+		l.StripeTimestamp = usagelog.TimestampReported
 	}
 	basis := TimestampOriginal
 	if !nowPeriod.UTC().Equal(period.UTC()) || orig.Timestamp.Before(now.Add(-maxEventAge+stripeTimestampMargin)) {
@@ -242,11 +243,7 @@ func (s *Service) closeGrace() time.Duration {
 // periodOfSQL is the SQL of the allowance period start of the tenant $1 at
 // the instant ts: its Stripe subscription period covering ts when the
 // webhooks told us one, else ts's calendar month in UTC (as periodsSQL).
-func periodOfSQL(ts string) string {
-	return `coalesce((SELECT s.current_period_start FROM tenant_subscriptions s
-		WHERE s.tenant_id = $1 AND s.current_period_start <= ` + ts + ` AND ` + ts + ` < s.current_period_end
-		ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', ` + ts + `, 'UTC'))`
-}
+func periodOfSQL(ts string) string { return usagelog.PeriodOfSQL("$1", ts) }
 
 // keyClaim is an idempotency key taken by a transaction outside the
 // pipelined ingest path (corrections, stream checkpoints).
@@ -445,15 +442,39 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20)`,
+				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by, stripe_timestamp)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20,
+				CASE WHEN $21 THEN 'reported' END)`,
 			l.ID, tenantID, l.RequestID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, d.period,
 			d.split[0].Overage, d.split[1].Overage, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID,
-			keys, tokens, over, l.CorrectedBy); err != nil {
+			keys, tokens, over, l.CorrectedBy, l.StripeTimestamp == usagelog.TimestampReported); err != nil {
 			return fmt.Errorf("write usage log: %w", err)
 		}
 	}
 	return nil
+}
+
+// meterDeltas is, per meter, target less have: the meters of target in its
+// order (the default meters first), then the meters only have names — a
+// share given back — in key order.
+func meterDeltas(target []overage.MeterTokens, have map[string]int64) []overage.MeterTokens {
+	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
+	seen := map[string]bool{}
+	for _, t := range target {
+		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
+		seen[t.Meter] = true
+	}
+	var gone []string
+	for k := range have {
+		if !seen[k] {
+			gone = append(gone, k)
+		}
+	}
+	slices.Sort(gone)
+	for _, k := range gone {
+		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
+	}
+	return lines
 }
 
 func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
@@ -507,24 +528,7 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 			have[ln.Meter] += ln.Tokens
 		}
 	}
-	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
-	seen := map[string]bool{}
-	for _, t := range target {
-		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
-		seen[t.Meter] = true
-	}
-	// Meters orig fed that the corrected totals no longer route to give
-	// their share back.
-	var gone []string
-	for k := range have {
-		if !seen[k] {
-			gone = append(gone, k)
-		}
-	}
-	slices.Sort(gone)
-	for _, k := range gone {
-		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
-	}
+	lines := meterDeltas(target, have)
 	return nonZeroExtras(lines)
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/httpx"
 	"github.com/overage-billing/overage/internal/page"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Streaming responses. A streamed LLM answer is reported as checkpoints:
@@ -213,11 +213,13 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 	if err != nil {
 		return nil, err
 	}
-	upLines, downLines := splitDeltas(cat, cat.Route(ev.ModelID).Lines(overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)), have)
+	upLines, downLines := splitDeltas(cat.Route(ev.ModelID).Lines(overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)), have)
 	up, down := dimensions(cat, upLines), dimensions(cat, downLines)
 	if billableTokens(upLines) {
 		var period time.Time
-		if err := tx.QueryRow(ctx, `SELECT `+periodOfSQL("$2::timestamptz"), p.TenantID, ev.Timestamp).Scan(&period); err != nil {
+		var closed bool
+		if err := tx.QueryRow(ctx, `SELECT p.start, `+usagelog.PeriodClosedSQL("$1", "p.start", "$3")+`
+			FROM (SELECT `+periodOfSQL("$2::timestamptz")+` AS start) p`, p.TenantID, ev.Timestamp, s.closeGrace().Seconds()).Scan(&period, &closed); err != nil {
 			return nil, fmt.Errorf("read allowance period: %w", err)
 		}
 		id, err := uuid.NewV7()
@@ -225,7 +227,10 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 			return nil, fmt.Errorf("usage log id: %w", err)
 		}
 		l := &overage.UsageLog{ID: id, TenantID: p.TenantID, Timestamp: ev.Timestamp, UserID: ev.UserID, ModelID: ev.ModelID,
-			InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage}
+			InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage, StripeTimestamp: usagelog.TimestampUsage}
+		if closed {
+			l.StripeTimestamp = usagelog.TimestampReported
+		}
 		if first == nil {
 			// The stream's first log carries its request_id: a plain event
 			// with it is then a duplicate.
@@ -443,41 +448,26 @@ func (s *Service) streamMeters(ctx context.Context, tx pgx.Tx, tenantID uuid.UUI
 	return have, nil
 }
 
-// splitDeltas is target less have, per meter: the increases and the
-// decreases, each with both default meters first (as deltaLog.lines
-// wants) and the other meters that change.
-func splitDeltas(cat *overage.Catalog, target []overage.MeterTokens, have map[string]int64) (up, down []overage.MeterTokens) {
+// splitDeltas is target less have (meterDeltas), split by sign: the
+// increases and the decreases, each with both default meters first (as
+// deltaLog.lines wants) and the other meters that change.
+func splitDeltas(target []overage.MeterTokens, have map[string]int64) (up, down []overage.MeterTokens) {
 	up = []overage.MeterTokens{{Meter: overage.MeterInput}, {Meter: overage.MeterOutput}}
 	down = []overage.MeterTokens{{Meter: overage.MeterInput}, {Meter: overage.MeterOutput}}
-	seen := map[string]bool{}
-	add := func(meter string, d int64) {
-		for _, side := range []*[]overage.MeterTokens{&up, &down} {
-			if (side == &up) != (d > 0) || d == 0 {
-				continue
-			}
-			switch meter {
-			case overage.MeterInput:
-				(*side)[0].Tokens += d
-			case overage.MeterOutput:
-				(*side)[1].Tokens += d
-			default:
-				*side = append(*side, overage.MeterTokens{Meter: meter, Tokens: d})
-			}
+	for _, d := range meterDeltas(target, have) {
+		side := &up
+		if d.Tokens < 0 {
+			side = &down
 		}
-	}
-	for _, t := range target {
-		seen[t.Meter] = true
-		add(t.Meter, t.Tokens-have[t.Meter])
-	}
-	var gone []string
-	for k := range have {
-		if !seen[k] {
-			gone = append(gone, k)
+		switch {
+		case d.Tokens == 0:
+		case d.Meter == overage.MeterInput:
+			(*side)[0].Tokens += d.Tokens
+		case d.Meter == overage.MeterOutput:
+			(*side)[1].Tokens += d.Tokens
+		default:
+			*side = append(*side, d)
 		}
-	}
-	slices.Sort(gone)
-	for _, k := range gone {
-		add(k, -have[k])
 	}
 	return up, down
 }

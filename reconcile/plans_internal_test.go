@@ -23,11 +23,11 @@ func TestBilledReadsTheDaysAskedNotTheTable(t *testing.T) {
 	day := "(date_trunc('day', now()) - interval '30 days')"
 	probes := []pgtest.Probe{
 		{Name: "billed", SQL: billedQuery(false), Settings: rangeSettingsSQL,
-			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day', now())", day)},
+			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day', now(), %[2]v)", day, lateReach.Seconds())},
 		{Name: "billed (tenants)", SQL: billedQuery(true), Settings: rangeSettingsSQL,
-			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day', now(), '{%[2]s}')", day, tenant)},
+			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day', now(), %[3]v, '{%[2]s}')", day, tenant, lateReach.Seconds())},
 		{Name: "billed on meters", SQL: billedOnMetersQuery(false), Settings: rangeSettingsSQL,
-			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day')", day)},
+			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day', %[2]v)", day, lateReach.Seconds())},
 	}
 	for _, c := range []struct {
 		name    string

@@ -41,7 +41,7 @@ func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 	probes := []pgtest.Probe{
 		{Name: "lock candidates", SQL: lockCandidatesSQL, Args: fmt.Sprintf("('%s', 100)", planTenant), Settings: planSettingsSQL},
 		{Name: "form membership", SQL: formMembershipSQL, Settings: planSettingsSQL,
-			Args: fmt.Sprintf("(ARRAY['%s', '%s']::uuid[], ARRAY['%s', NULL]::uuid[], '{NULL,NULL}', '{}', '{0,0}', '{0,0}')", planLog(1), missing, planLog(1))},
+			Args: fmt.Sprintf("(ARRAY['%s', '%s']::uuid[], ARRAY['%s', NULL]::uuid[], '{NULL,NULL}', '{}', '{0,0}', '{0,0}', '{usage,usage}')", planLog(1), missing, planLog(1))},
 		{Name: "accept members (pending)", SQL: acceptMembersSQL(`u.billing_status = 'pending'`), Settings: planSettingsSQL,
 			Args: fmt.Sprintf("(%s, '{t,t}', '{t,t}', '{}', '{}')", ids(1, 0xfffff))},
 		{Name: "accept members (under review)", SQL: acceptMembersSQL(`u.billing_status <> 'pending'`), Settings: planSettingsSQL,
@@ -59,7 +59,7 @@ func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 		{Name: "backlog", SQL: backlogSQL, Settings: backlogSettingsSQL},
 		{Name: "backlog before (control)", SQL: backlogSQL},
 		{Name: "membership before (control)", SQL: formMembershipSQL,
-			Args: fmt.Sprintf("(ARRAY['%s', '%s']::uuid[], ARRAY['%s', NULL]::uuid[], '{NULL,NULL}', '{}', '{0,0}', '{0,0}')", planLog(1), missing, planLog(1))},
+			Args: fmt.Sprintf("(ARRAY['%s', '%s']::uuid[], ARRAY['%s', NULL]::uuid[], '{NULL,NULL}', '{}', '{0,0}', '{0,0}', '{usage,usage}')", planLog(1), missing, planLog(1))},
 	}
 	for _, stats := range []struct {
 		name    string

@@ -30,6 +30,9 @@ import (
 // runs `overage work` as a real child process it can SIGKILL.
 const childEnv = "OVERAGE_TEST_CHILD_ARGS"
 
+// chaosCloseGrace is the chaos run's PERIOD_CLOSE_GRACE (see its env).
+const chaosCloseGrace = "96h"
+
 func TestMain(m *testing.M) {
 	if args := os.Getenv(childEnv); args != "" {
 		main2(strings.Fields(args))
@@ -76,7 +79,11 @@ func TestChaos(t *testing.T) {
 
 	// Racing checkpoints send a tenant's requests many at a time: past
 	// TENANT_MAX_INFLIGHT they would be refused, not raced.
-	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": chaosAdminToken, "TENANT_MAX_INFLIGHT": "1000"}
+	// The usage spans three UTC days, which may straddle a month's end: a
+	// PERIOD_CLOSE_GRACE longer than that keeps every period open, so each
+	// log is billed, and reconciled, on its usage day.
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": chaosAdminToken, "TENANT_MAX_INFLIGHT": "1000",
+		"PERIOD_CLOSE_GRACE": chaosCloseGrace}
 	type tenant struct {
 		ID     string `json:"id"`
 		APIKey string `json:"api_key"`
@@ -227,6 +234,7 @@ func TestChaos(t *testing.T) {
 		"DATABASE_URL="+dbURL,
 		"STRIPE_SECRET_KEY=sk_test_123",
 		"STRIPE_API_BASE="+stripeURL,
+		"PERIOD_CLOSE_GRACE="+chaosCloseGrace,
 		"SWEEP_INTERVAL=1s",
 		"SWEEP_GRACE=2s",
 		"REPORT_JOB_TIMEOUT=3s",
