@@ -53,9 +53,10 @@ type groupKey struct {
 	day    time.Time
 	// single is the log of a report of its own, else uuid.Nil.
 	single uuid.UUID
-	// late: the period was closed when the report was formed; day is then
-	// the formation's UTC day, and the report's timestamp the formation
-	// time (TimestampReported).
+	// late: the period was closed when the report was formed; the
+	// report's timestamp is then the formation time (TimestampReported).
+	// Its logs are still grouped by the UTC day of their usage, as every
+	// report's are, so a report never mixes two days' usage.
 	late bool
 }
 
@@ -110,7 +111,7 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 					// the report that repeats it.
 					k.single = c.id
 				} else if c.reported || closed[c.period] {
-					k.late, k.day = true, now.Truncate(24*time.Hour)
+					k.late = true
 				}
 				if _, ok := groups[k]; !ok {
 					order = append(order, k)
