@@ -273,6 +273,9 @@ func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Report, err
 	}
 	var r *Report
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, readSettingsSQL); err != nil {
+			return fmt.Errorf("read billing status: %w", err)
+		}
 		var name *string
 		var id *uuid.UUID
 		if after != nil {
@@ -313,6 +316,29 @@ func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Report, err
 // overage.ENOTFOUND. A database that cannot be reached is
 // overage.EUNAVAILABLE.
 func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, error) {
+	b, ok := db.(TxBeginner)
+	if !ok {
+		return status(ctx, db, tenantID)
+	}
+	var r *Report
+	err := pgx.BeginTxFunc(ctx, b, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
+		if _, err := tx.Exec(ctx, readSettingsSQL); err != nil {
+			return dbError(fmt.Errorf("read billing status: %w", err))
+		}
+		r, err = status(ctx, tx, tenantID)
+		return err
+	})
+	return r, err
+}
+
+// readSettingsSQL opens the transactions of the status reads: statements
+// with parameters are planned for each execution (custom plans), and those
+// without, whose one plan is cached on the connection, are never planned
+// as sequential scans of usage_logs, as they are while the table is small
+// (docs/plans.md).
+const readSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true), set_config('enable_seqscan', 'off', true)`
+
+func status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, error) {
 	var rows pgx.Rows
 	var err error
 	if tenantID == nil {

@@ -552,9 +552,12 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 	return nonZeroExtras(lines)
 }
 
+// correctionsOfSQL reads the corrections of the log $1, oldest first.
+const correctionsOfSQL = `SELECT ` + logColumns + ` FROM usage_logs WHERE corrects = $1 ORDER BY id`
+
 // correctionsOf reads the corrections of the log id, oldest first.
 func (s *Service) correctionsOf(ctx context.Context, q querier, id uuid.UUID) ([]overage.UsageLog, error) {
-	rows, err := q.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE corrects = $1 ORDER BY id`, id)
+	rows, err := q.Query(ctx, correctionsOfSQL, id)
 	if err != nil {
 		return nil, fmt.Errorf("read corrections of %s: %w", id, err)
 	}
@@ -578,11 +581,11 @@ func (s *Service) correctionsOf(ctx context.Context, q querier, id uuid.UUID) ([
 
 // withCorrections adds to a usage log (not a correction) its corrections
 // and its corrected totals.
-func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) error {
+func (s *Service) withCorrections(ctx context.Context, q querier, l *overage.UsageLog) error {
 	if l.Corrects != nil {
 		return nil
 	}
-	cs, err := s.correctionsOf(ctx, s.pool, l.ID)
+	cs, err := s.correctionsOf(ctx, q, l.ID)
 	if err != nil {
 		return err
 	}

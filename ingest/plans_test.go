@@ -162,3 +162,60 @@ func rowsRemoved(node map[string]any) float64 {
 	}
 	return n
 }
+
+// The reads of GET /v1/usage-events/{id} and ?request_id= read what they
+// answer whatever the statistics were when their plans were made: plans
+// cached on empty tables or at 5 rows are used on 50,000 logs of the
+// tenant, in transactions opened by readSettingsSQL as Get and ByRequestID
+// open theirs. The read by id run without it (as it was) reads every log
+// once its plan was made at 5 rows, so the measure can fail.
+func TestReadsOfUsageEventsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
+	t.Parallel()
+	const grown = 50_000
+	for _, stats := range []struct {
+		name string
+		rows int
+	}{{"never analysed", 0}, {"analysed at 5 rows", 5}} {
+		t.Run(stats.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, _ := pgtest.NewPool(t)
+			tenant := uuid.New()
+			known := uuid.New()
+			id := fmt.Sprintf("('%s')", known)
+			probes := []pgtest.Probe{
+				{Name: "log by id", SQL: getLogSQL, Args: id, Settings: readSettingsSQL},
+				{Name: "corrections of", SQL: correctionsOfSQL, Args: id, Settings: readSettingsSQL},
+				{Name: "stream", SQL: streamSQL, Args: fmt.Sprintf("('%s', 'r1')", tenant), Settings: readSettingsSQL},
+				{Name: "logs by request_id", SQL: byRequestIDSQL, Args: fmt.Sprintf("('%s', 'r1', NULL, 51)", tenant), Settings: readSettingsSQL},
+				{Name: "log by id before (control)", SQL: getLogSQL, Args: id},
+			}
+			seedKeysAndLogs(t, pool, tenant, 1, stats.rows)
+			if stats.rows > 0 {
+				if _, err := pool.Exec(ctx, `ANALYZE usage_logs; ANALYZE usage_streams`); err != nil {
+					t.Fatal(err)
+				}
+			}
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Release()
+			pgtest.CachePlans(t, conn.Conn(), probes)
+			seedKeysAndLogs(t, pool, tenant, stats.rows+1, grown)
+			if _, err := pool.Exec(ctx, `UPDATE usage_logs SET id = $2 WHERE tenant_id = $1 AND request_id = 'r1'`, tenant, known); err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range pgtest.PlanReads(t, conn.Conn(), probes) {
+				control := strings.HasSuffix(probes[i].Name, "(control)")
+				if control && stats.rows == 0 {
+					continue
+				}
+				if bounded := r.Pages <= 40 && r.Removed <= 3; bounded == control {
+					t.Errorf("%s on %d logs of one tenant: %v pages read, %v rows removed by filters; want bounded %v\n%s",
+						probes[i].Name, grown, r.Pages, r.Removed, !control, r.Plan)
+				}
+			}
+		})
+	}
+}

@@ -1313,8 +1313,23 @@ func meterEvents(o overage.Overage, leads [2]*uuid.UUID, accepted [2]*time.Time)
 // Get returns a usage log the caller may see: the owning tenant's, or any
 // for an administrator (tenantID nil).
 func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*overage.UsageLog, error) {
-	l, err := scanLog(s.pool.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1`, id))
-	if errors.Is(err, pgx.ErrNoRows) || (err == nil && tenantID != nil && l.TenantID != *tenantID) {
+	var l *overage.UsageLog
+	err := s.readTx(ctx, func(tx pgx.Tx) (err error) {
+		if l, err = scanLog(tx.QueryRow(ctx, getLogSQL, id)); err != nil {
+			return err
+		}
+		if tenantID != nil && l.TenantID != *tenantID {
+			return pgx.ErrNoRows
+		}
+		if err := s.present(ctx, tx, l); err != nil {
+			return err
+		}
+		if err := s.stripeTimestampNow(ctx, tx, l); err != nil {
+			return err
+		}
+		return s.withCorrections(ctx, tx, l)
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
 		// Another tenant's log is reported as missing, not forbidden, so ids
 		// cannot be probed.
 		return nil, overage.NotFound("usage log %s not found", id)
@@ -1322,27 +1337,37 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	if err != nil {
 		return nil, dbError(fmt.Errorf("get usage log: %w", err))
 	}
-	if err := s.present(ctx, s.pool, l); err != nil {
-		return nil, dbError(err)
-	}
-	if err := s.stripeTimestampNow(ctx, l); err != nil {
-		return nil, dbError(err)
-	}
-	if err := s.withCorrections(ctx, l); err != nil {
-		return nil, dbError(err)
-	}
 	return l, nil
+}
+
+// getLogSQL reads the log $1.
+const getLogSQL = `SELECT ` + logColumns + ` FROM usage_logs WHERE id = $1`
+
+// readSettingsSQL opens the read-only transactions of GET requests: each
+// statement is planned for its arguments and the tables as they are (a
+// custom plan), never by a generic plan cached while the tables were
+// small, which reads usage_logs from end to end for one id (docs/plans.md).
+const readSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`
+
+// readTx runs f in a read-only transaction opened by readSettingsSQL.
+func (s *Service) readTx(ctx context.Context, f func(pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, readSettingsSQL); err != nil {
+			return err
+		}
+		return f(tx)
+	})
 }
 
 // stripeTimestampNow corrects the StripeTimestamp of a log recorded while
 // its period was open whose reports are not formed yet (stripe_timestamp
 // NULL, read as "usage"): "reported" when its period is closed now.
-func (s *Service) stripeTimestampNow(ctx context.Context, l *overage.UsageLog) error {
+func (s *Service) stripeTimestampNow(ctx context.Context, q overage.DB, l *overage.UsageLog) error {
 	if l.StripeTimestamp != usagelog.TimestampUsage {
 		return nil
 	}
 	var closed bool
-	if err := s.pool.QueryRow(ctx, `SELECT u.stripe_timestamp IS NULL AND `+usagelog.PeriodClosedSQL("u.tenant_id", "u.period_start", "$2")+`
+	if err := q.QueryRow(ctx, `SELECT u.stripe_timestamp IS NULL AND `+usagelog.PeriodClosedSQL("u.tenant_id", "u.period_start", "$2")+`
 		FROM usage_logs u WHERE u.id = $1`, l.ID, s.closeGrace().Seconds()).Scan(&closed); err != nil {
 		return fmt.Errorf("read whether the period of %s is closed: %w", l.ID, err)
 	}

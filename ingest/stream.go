@@ -331,6 +331,12 @@ type requestKey struct {
 	ID uuid.UUID `json:"i"`
 }
 
+// byRequestIDSQL is a page of the logs of tenant $1 under request_id $2
+// (a stream's, or the one recorded under it) after id $3, at most $4.
+const byRequestIDSQL = `SELECT ` + logColumns + ` FROM usage_logs
+		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) AND ($3::uuid IS NULL OR id > $3)
+		ORDER BY id LIMIT $4`
+
 // ByRequestID lists what the tenant recorded under a request_id: one page
 // of the logs, oldest first, and the stream's totals on every page.
 func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid string, p page.Params) (*RequestUsage, error) {
@@ -343,33 +349,38 @@ func (s *Service) ByRequestID(ctx context.Context, tenantID uuid.UUID, rid strin
 		after = &k.ID
 	}
 	out := &RequestUsage{RequestID: rid, UsageEvents: []overage.UsageLog{}}
-	st, err := scanStream(s.pool.QueryRow(ctx, streamSQL, tenantID, rid))
-	switch {
-	case err == nil:
-		out.Stream = &st.totals
-	case !errors.Is(err, pgx.ErrNoRows):
-		return nil, dbError(fmt.Errorf("read stream: %w", err))
-	}
-	rows, err := s.pool.Query(ctx, `SELECT `+logColumns+` FROM usage_logs
-		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) AND ($3::uuid IS NULL OR id > $3)
-		ORDER BY id LIMIT $4`, tenantID, rid, after, p.Limit+1)
-	if err != nil {
-		return nil, dbError(fmt.Errorf("read usage logs by request_id: %w", err))
-	}
-	logs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (overage.UsageLog, error) {
-		l, err := scanLog(row)
-		if err != nil {
-			return overage.UsageLog{}, err
+	var logs []overage.UsageLog
+	err := s.readTx(ctx, func(tx pgx.Tx) error {
+		st, err := scanStream(tx.QueryRow(ctx, streamSQL, tenantID, rid))
+		switch {
+		case err == nil:
+			out.Stream = &st.totals
+		case !errors.Is(err, pgx.ErrNoRows):
+			return fmt.Errorf("read stream: %w", err)
 		}
-		return *l, nil
+		rows, err := tx.Query(ctx, byRequestIDSQL, tenantID, rid, after, p.Limit+1)
+		if err != nil {
+			return fmt.Errorf("read usage logs by request_id: %w", err)
+		}
+		logs, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (overage.UsageLog, error) {
+			l, err := scanLog(row)
+			if err != nil {
+				return overage.UsageLog{}, err
+			}
+			return *l, nil
+		})
+		if err != nil {
+			return fmt.Errorf("read usage logs by request_id: %w", err)
+		}
+		for i := range logs {
+			if err := s.present(ctx, tx, &logs[i]); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return nil, dbError(fmt.Errorf("read usage logs by request_id: %w", err))
-	}
-	for i := range logs {
-		if err := s.present(ctx, s.pool, &logs[i]); err != nil {
-			return nil, dbError(err)
-		}
+		return nil, dbError(err)
 	}
 	if len(logs) > p.Limit {
 		logs = logs[:p.Limit]

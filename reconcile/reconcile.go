@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
@@ -425,28 +426,16 @@ func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, ten
 	// not_billable logs are never sent; every other status may have
 	// touched Stripe, so all count towards activity, only billed ones
 	// towards the sums. greatest() ignores NULLs.
-	q := `SELECT cus, day, dim,
-			coalesce(sum(o) FILTER (WHERE billed), 0)::bigint,
-			coalesce(sum(o) FILTER (WHERE billed AND late), 0)::bigint,
-			coalesce(bool_or(recent), false)
-		FROM (SELECT t.stripe_customer_id AS cus, d.dim, d.o, ` + fmt.Sprintf(billingDaySQL, "d.lead", "d.dim") + ` AS day,
-				` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + ` AS billed,
-				coalesce(u.stripe_timestamp = 'reported', false) AS late,
-				greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3 AS recent
-			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-			CROSS JOIN LATERAL (VALUES ('input', u.overage_input_tokens, u.input_report_lead),
-				('output', u.overage_output_tokens, u.output_report_lead)) AS d (dim, o, lead)
-			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
-				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
+	q := billedQuery(tenantIDs != nil)
 	args := []any{from, end, cutoff, lateReach.Seconds()}
 	if tenantIDs != nil {
-		q += ` AND u.tenant_id = ANY($5)`
 		args = append(args, tenantIDs)
 	}
-	q += `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-		GROUP BY 1, 2, 3`
+	db, done, err := rangeDB(ctx, db)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer done()
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
@@ -478,6 +467,34 @@ func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, ten
 	return sums, late, activity, nil
 }
 
+// billedQuery sums billed overage per (customer, day, dimension) over ts
+// in [$1 - $4 seconds, $2), with activity after $3, of the tenants $5 when
+// tenants is set. The range of ts is an index condition of usage_logs_ts
+// (BRIN, migration 0050): a run reads the pages of the days asked, not the
+// whole table (docs/plans.md).
+func billedQuery(tenants bool) string {
+	q := `SELECT cus, day, dim,
+			coalesce(sum(o) FILTER (WHERE billed), 0)::bigint,
+			coalesce(sum(o) FILTER (WHERE billed AND late), 0)::bigint,
+			coalesce(bool_or(recent), false)
+		FROM (SELECT t.stripe_customer_id AS cus, d.dim, d.o, ` + fmt.Sprintf(billingDaySQL, "d.lead", "d.dim") + ` AS day,
+				` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + ` AS billed,
+				coalesce(u.stripe_timestamp = 'reported', false) AS late,
+				greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3 AS recent
+			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+			CROSS JOIN LATERAL (VALUES ('input', u.overage_input_tokens, u.input_report_lead),
+				('output', u.overage_output_tokens, u.output_report_lead)) AS d (dim, o, lead)
+			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
+				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
+				AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
+	if tenants {
+		q += ` AND u.tenant_id = ANY($5)`
+	}
+	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+		GROUP BY 1, 2, 3`
+}
+
 // billedOnMeters adds to sums (and late) the billed overage of the meters
 // other than the defaults (the usage logs' meter_* arrays), per customer,
 // event name and day, as billed does. Activity needs nothing more: a log's
@@ -487,22 +504,16 @@ func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, ten
 	if len(eventOf) == 0 {
 		return nil
 	}
-	q := `SELECT cus, day, k, sum(o)::bigint, coalesce(sum(o) FILTER (WHERE late), 0)::bigint
-		FROM (SELECT t.stripe_customer_id AS cus, ` + fmt.Sprintf(billingDaySQL, "x.l", "x.k") + ` AS day, x.k, x.o,
-				coalesce(u.stripe_timestamp = 'reported', false) AS late
-			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-			CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage, u.meter_leads) AS x (k, o, l)
-			WHERE u.ts >= $1::timestamptz - make_interval(secs => $3) AND u.ts < $2
-				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
+	q := billedOnMetersQuery(tenantIDs != nil)
 	args := []any{from, end, lateReach.Seconds()}
 	if tenantIDs != nil {
-		q += ` AND u.tenant_id = ANY($4)`
 		args = append(args, tenantIDs)
 	}
-	q += `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-		GROUP BY 1, 2, 3`
+	db, done, err := rangeDB(ctx, db)
+	if err != nil {
+		return err
+	}
+	defer done()
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
@@ -525,6 +536,57 @@ func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, ten
 		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
 	}
 	return nil
+}
+
+// billedOnMetersQuery sums the billed overage of the other meters per
+// (customer, day, meter) over ts in [$1 - $3 seconds, $2), of the tenants
+// $4 when tenants is set.
+func billedOnMetersQuery(tenants bool) string {
+	q := `SELECT cus, day, k, sum(o)::bigint, coalesce(sum(o) FILTER (WHERE late), 0)::bigint
+		FROM (SELECT t.stripe_customer_id AS cus, ` + fmt.Sprintf(billingDaySQL, "x.l", "x.k") + ` AS day, x.k, x.o,
+				coalesce(u.stripe_timestamp = 'reported', false) AS late
+			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+			CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage, u.meter_leads) AS x (k, o, l)
+			WHERE u.ts >= $1::timestamptz - make_interval(secs => $3) AND u.ts < $2
+				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
+				AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
+	if tenants {
+		q += ` AND u.tenant_id = ANY($4)`
+	}
+	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+		GROUP BY 1, 2, 3`
+}
+
+// rangeSettingsSQL opens the transaction of each read of a range of ts:
+// the range is read through usage_logs_ts (BRIN, 0050) whatever the
+// statistics say. The planner costs a BRIN index by the correlation of
+// ts with the table's order, which it knows only from ANALYZE: never
+// analysed, or analysed while the day asked held every row, it would read
+// the whole table instead. Planned for each execution, without JIT (a
+// plan that must keep a disabled scan is costed far above jit_above_cost).
+const rangeSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true),
+	set_config('jit', 'off', true)`
+
+// rangeDB returns a read-only transaction of db opened by rangeSettingsSQL
+// when db can begin one (a pool), else db as it is, and what ends it.
+func rangeDB(ctx context.Context, db overage.DB) (overage.DB, func(), error) {
+	b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	})
+	if !ok {
+		return db, func() {}, nil
+	}
+	tx, err := b.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
+	}
+	done := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
+	if _, err := tx.Exec(ctx, rangeSettingsSQL); err != nil {
+		done()
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
+	}
+	return tx, done, nil
 }
 
 // summaries reads Stripe's daily summaries for every customer and meter.

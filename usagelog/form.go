@@ -83,6 +83,9 @@ type groupKey struct {
 func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 	var out []Report
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := planSettings(ctx, tx); err != nil {
+			return err
+		}
 		cands, err := lockCandidates(ctx, tx, p.TenantID, p.MaxLogs)
 		if err != nil || len(cands) == 0 {
 			return err
@@ -165,14 +168,7 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 			offs[i], counts[i] = int32(len(flat)), int32(len(c.extraKeys))
 			flat = append(flat, c.extraLeads...)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE usage_logs u SET
-				input_report_lead = coalesce(v.inl, u.input_report_lead),
-				output_report_lead = coalesce(v.outl, u.output_report_lead),
-				meter_leads = CASE WHEN v.cnt > 0 THEN ($4::uuid[])[v.off + 1 : v.off + v.cnt] ELSE u.meter_leads END,
-				first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now(),
-				stripe_timestamp = CASE WHEN v.basis = 'reported' THEN v.basis ELSE coalesce(u.stripe_timestamp, v.basis) END
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[], $6::int[], $7::text[]) AS v (id, inl, outl, off, cnt, basis)
-			WHERE u.id = v.id`, ids, in, outLeads, flat, offs, counts, basis); err != nil {
+		if _, err := tx.Exec(ctx, formMembershipSQL, ids, in, outLeads, flat, offs, counts, basis); err != nil {
 			return fmt.Errorf("record report membership: %w", err)
 		}
 		open := out[:0]
@@ -194,25 +190,43 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 	return out, nil
 }
 
+// formMembershipSQL records, per log, the reports it joined ($1 ids, $2 and
+// $3 the input and output leads, $4 the meter leads flat with $5 offsets and
+// $6 counts, $7 the basis of each log's Stripe timestamp).
+const formMembershipSQL = `UPDATE usage_logs u SET
+				input_report_lead = coalesce(v.inl, u.input_report_lead),
+				output_report_lead = coalesce(v.outl, u.output_report_lead),
+				meter_leads = CASE WHEN v.cnt > 0 THEN ($4::uuid[])[v.off + 1 : v.off + v.cnt] ELSE u.meter_leads END,
+				first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now(),
+				stripe_timestamp = CASE WHEN v.basis = 'reported' THEN v.basis ELSE coalesce(u.stripe_timestamp, v.basis) END
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[], $6::int[], $7::text[]) AS v (id, inl, outl, off, cnt, basis)
+			WHERE u.id = v.id`
+
+// The dimensions of a log in no report yet, not accepted, with overage.
+const needIn = `(overage_input_tokens <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`
+const needOut = `(overage_output_tokens <> 0 AND output_report_lead IS NULL AND output_accepted_at IS NULL)`
+
+// A line of another meter with overage, in no report, not accepted.
+const needExtra = `(meter_keys IS NOT NULL AND EXISTS (
+		SELECT 1 FROM unnest(meter_overage, meter_leads, meter_accepted_at) AS x (o, l, a)
+		WHERE x.o <> 0 AND x.l IS NULL AND x.a IS NULL))`
+
+// lockCandidatesSQL reads and locks up to $2 candidates of tenant $1.
+const lockCandidatesSQL = `SELECT id, ts, period_start, overage_input_tokens, overage_output_tokens, ` + needIn + `, ` + needOut + `,
+			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL,
+			meter_keys, meter_overage, meter_leads, meter_accepted_at, coalesce(stripe_timestamp = 'reported', false)
+		FROM usage_logs
+		WHERE tenant_id = $1 AND billing_status = 'pending' AND (` + needIn + ` OR ` + needOut + ` OR ` + needExtra + `)
+		ORDER BY created_at LIMIT $2
+		FOR UPDATE SKIP LOCKED`
+
 // lockCandidates reads and locks the tenant's oldest pending logs with a
 // dimension in no report yet, walking the (tenant_id, created_at) pending
 // index in its order (no sort: a tie on created_at, as a bulk insert makes,
 // would otherwise sort every pending log of the tenant at each call). Logs
 // another transaction holds are skipped, not waited for.
 func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit int) ([]*candidate, error) {
-	const needIn = `(overage_input_tokens <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`
-	const needOut = `(overage_output_tokens <> 0 AND output_report_lead IS NULL AND output_accepted_at IS NULL)`
-	// A line of another meter with overage, in no report, not accepted.
-	const needExtra = `(meter_keys IS NOT NULL AND EXISTS (
-		SELECT 1 FROM unnest(meter_overage, meter_leads, meter_accepted_at) AS x (o, l, a)
-		WHERE x.o <> 0 AND x.l IS NULL AND x.a IS NULL))`
-	rows, err := tx.Query(ctx, `SELECT id, ts, period_start, overage_input_tokens, overage_output_tokens, `+needIn+`, `+needOut+`,
-			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL,
-			meter_keys, meter_overage, meter_leads, meter_accepted_at, coalesce(stripe_timestamp = 'reported', false)
-		FROM usage_logs
-		WHERE tenant_id = $1 AND billing_status = 'pending' AND (`+needIn+` OR `+needOut+` OR `+needExtra+`)
-		ORDER BY created_at LIMIT $2
-		FOR UPDATE SKIP LOCKED`, tenantID, limit)
+	rows, err := tx.Query(ctx, lockCandidatesSQL, tenantID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("lock pending usage logs: %w", err)
 	}

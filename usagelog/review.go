@@ -50,11 +50,10 @@ func (s *Store) LockForReview(ctx context.Context, tx pgx.Tx, id uuid.UUID, wind
 	l := &ReviewLog{Accepted: map[overage.Dimension]bool{}, Leads: map[overage.Dimension]*uuid.UUID{}}
 	var inAt, outAt *time.Time
 	var inLead, outLead *uuid.UUID
-	err := tx.QueryRow(ctx, `SELECT billing_status, billing_message, first_attempt_at,
-			overage_input_tokens, overage_output_tokens, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
-			now(), first_attempt_at + make_interval(secs => $2),
-			coalesce(first_attempt_at + make_interval(secs => $2) > now(), false)
-		FROM usage_logs WHERE id = $1 FOR UPDATE`, id, window.Seconds()).
+	if err := planSettings(ctx, tx); err != nil {
+		return nil, err
+	}
+	err := tx.QueryRow(ctx, lockForReviewSQL, id, window.Seconds()).
 		Scan(&l.Status, &l.Message, &l.FirstAttemptAt, &l.Overage.InputTokens, &l.Overage.OutputTokens, &inAt, &outAt, &inLead, &outLead,
 			&l.Now, &l.WindowEndsAt, &l.InsideWindow)
 	if err != nil {
@@ -86,16 +85,10 @@ func (s *Store) ResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, to overa
 	if !ok {
 		return nil, fmt.Errorf("resolve usage log %s: %s is not a decision", id, to)
 	}
-	rows, err := tx.Query(ctx, `UPDATE usage_reports r SET state = $2, lease_until = NULL, message = $3,
-			accepted_at = CASE WHEN $2 = 'accepted' THEN now() ELSE r.accepted_at END,
-			first_attempt_at = CASE WHEN $2 = 'open' THEN now() ELSE r.first_attempt_at END
-		FROM usage_logs u
-		WHERE u.id = $1 AND r.state IN ('needs_review', 'failed')
-			AND ((r.dimension = 'input' AND r.lead_usage_log_id = u.input_report_lead)
-				OR (r.dimension = 'output' AND r.lead_usage_log_id = u.output_report_lead)
-				OR EXISTS (SELECT 1 FROM unnest(u.meter_keys, u.meter_leads) AS x (k, l)
-					WHERE x.k = r.dimension AND x.l = r.lead_usage_log_id))
-		RETURNING r.member_ids`, id, string(state), message)
+	if err := planSettings(ctx, tx); err != nil {
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, resolveReportsSQL, id, string(state), message)
 	if err != nil {
 		return nil, fmt.Errorf("resolve reports of usage log %s: %w", id, err)
 	}
@@ -116,12 +109,7 @@ func (s *Store) ResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, to overa
 	// A resend starts a new window with the next send: a log in a report
 	// takes the report's new first attempt; one in none is stamped again
 	// when it joins one.
-	rows, err = tx.Query(ctx, `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now(),
-			billed_at = CASE $2 WHEN 'billed' THEN now() WHEN 'pending' THEN NULL ELSE billed_at END,
-			first_attempt_at = CASE WHEN $2 <> 'pending' THEN first_attempt_at
-				WHEN input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL THEN NULL ELSE now() END
-		WHERE id = ANY($1) AND billing_status IN ('needs_review', 'failed')
-		RETURNING id`, members, string(to), message)
+	rows, err = tx.Query(ctx, resolveLogsSQL, members, string(to), message)
 	if err != nil {
 		return nil, fmt.Errorf("resolve usage log %s as %s: %w", id, to, err)
 	}
@@ -141,11 +129,50 @@ func (s *Store) ResolveTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, to overa
 	return out, nil
 }
 
-// TenantOf returns the tenant of a usage log.
+// TenantOf returns the tenant of a usage log. In a transaction of the
+// store's (after LockForReview or ResolveTx) it is planned for each
+// execution; a DB of its own should be such a transaction too.
 func (s *Store) TenantOf(ctx context.Context, db DB, id uuid.UUID) (uuid.UUID, error) {
 	var t uuid.UUID
-	if err := db.QueryRow(ctx, `SELECT tenant_id FROM usage_logs WHERE id = $1`, id).Scan(&t); err != nil {
+	if err := db.QueryRow(ctx, tenantOfSQL, id).Scan(&t); err != nil {
 		return uuid.Nil, fmt.Errorf("tenant of usage log %s: %w", id, err)
 	}
 	return t, nil
 }
+
+// resolveReportsSQL gives state $2 and message $3 to the reports under
+// review or failed that carry a line of the log $1: its (dimension, lead)
+// pairs, each a probe of the reports' primary key. (An OR of the three
+// ways a report carries the log, as it was, is no index condition: it read
+// every report.)
+const resolveReportsSQL = `UPDATE usage_reports r SET state = $2, lease_until = NULL, message = $3,
+			accepted_at = CASE WHEN $2 = 'accepted' THEN now() ELSE r.accepted_at END,
+			first_attempt_at = CASE WHEN $2 = 'open' THEN now() ELSE r.first_attempt_at END
+		FROM usage_logs u
+		CROSS JOIN LATERAL (
+			SELECT 'input'::text, u.input_report_lead WHERE u.input_report_lead IS NOT NULL
+			UNION ALL SELECT 'output', u.output_report_lead WHERE u.output_report_lead IS NOT NULL
+			UNION ALL SELECT x.k, x.l FROM unnest(u.meter_keys, u.meter_leads) AS x (k, l) WHERE x.l IS NOT NULL
+		) AS c (dimension, lead)
+		WHERE u.id = $1 AND r.lead_usage_log_id = c.lead AND r.dimension = c.dimension
+			AND r.state IN ('needs_review', 'failed')
+		RETURNING r.member_ids`
+
+// resolveLogsSQL gives status $2 and message $3 to the logs $1 under
+// review or failed.
+const resolveLogsSQL = `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now(),
+			billed_at = CASE $2 WHEN 'billed' THEN now() WHEN 'pending' THEN NULL ELSE billed_at END,
+			first_attempt_at = CASE WHEN $2 <> 'pending' THEN first_attempt_at
+				WHEN input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL THEN NULL ELSE now() END
+		WHERE id = ANY($1) AND billing_status IN ('needs_review', 'failed')
+		RETURNING id`
+
+// lockForReviewSQL reads and locks the log $1, with its window of $2 seconds.
+const lockForReviewSQL = `SELECT billing_status, billing_message, first_attempt_at,
+			overage_input_tokens, overage_output_tokens, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
+			now(), first_attempt_at + make_interval(secs => $2),
+			coalesce(first_attempt_at + make_interval(secs => $2) > now(), false)
+		FROM usage_logs WHERE id = $1 FOR UPDATE`
+
+// tenantOfSQL is the tenant of the log $1.
+const tenantOfSQL = `SELECT tenant_id FROM usage_logs WHERE id = $1`

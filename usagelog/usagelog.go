@@ -159,18 +159,31 @@ type ClaimParams struct {
 // a crash, or never happened. SKIP LOCKED and the lease condition, checked
 // again by the UPDATE, referee two jobs of one tenant.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Report, error) {
-	rs, err := collectReports(s.pool.Query(ctx, `UPDATE usage_reports r SET lease_until = now() + make_interval(secs => $2)
-		FROM (SELECT lead_usage_log_id, dimension FROM usage_reports
-			WHERE tenant_id = $1 AND state = 'open' AND (lease_until IS NULL OR lease_until < now())
-			ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) c
-		WHERE r.lead_usage_log_id = c.lead_usage_log_id AND r.dimension = c.dimension
-			AND (r.lease_until IS NULL OR r.lease_until < now())
-		RETURNING `+reportColumns("r.", 4), p.TenantID, p.Lease.Seconds(), p.Limit, p.Guard.Cutoff().Seconds()))
+	var rs []Report
+	err := s.customTx(ctx, func(tx pgx.Tx) (err error) {
+		rs, err = collectReports(tx.Query(ctx, claimSQL, p.TenantID, p.Lease.Seconds(), p.Limit, p.Guard.Cutoff().Seconds()))
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("claim open reports of tenant %s: %w", p.TenantID, err)
 	}
 	return rs, nil
 }
+
+// claimSQL leases up to $3 open reports of tenant $1 for $2 seconds ($4:
+// the guard's cutoff, in seconds).
+//
+// The reports locked are updated by their ctid (a TID scan of the locked
+// rows, which no other transaction can move meanwhile). Joined back by
+// key, as it was, the planner without statistics drove the join from the
+// whole table: 320,990 pages read to claim none at 312,500 reports
+// (docs/plans.md).
+var claimSQL = `UPDATE usage_reports r SET lease_until = now() + make_interval(secs => $2)
+		WHERE r.ctid = ANY (ARRAY(SELECT ctid FROM usage_reports
+			WHERE tenant_id = $1 AND state = 'open' AND (lease_until IS NULL OR lease_until < now())
+			ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED))
+			AND (r.lease_until IS NULL OR r.lease_until < now())
+		RETURNING ` + reportColumns("r.", 4)
 
 // Release gives leased reports back, so the job's retry (or any job of the
 // tenant) sends them without waiting for the lease to lapse.
@@ -183,9 +196,10 @@ func (s *Store) Release(ctx context.Context, reports []Report) error {
 	for i, r := range reports {
 		leads[i], dims[i] = r.Lead, string(r.Dimension)
 	}
-	if _, err := s.pool.Exec(ctx, `UPDATE usage_reports r SET lease_until = NULL
-		FROM unnest($1::uuid[], $2::text[]) AS v (lead, dim)
-		WHERE r.lead_usage_log_id = v.lead AND r.dimension = v.dim AND r.state = 'open'`, leads, dims); err != nil {
+	if err := s.customTx(ctx, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, releaseSQL, leads, dims)
+		return err
+	}); err != nil {
 		return fmt.Errorf("release reports: %w", err)
 	}
 	return nil
@@ -197,8 +211,7 @@ func (s *Store) Release(ctx context.Context, reports []Report) error {
 // one killed mid-send — comes back then instead of completing.
 func (s *Store) HeldFor(ctx context.Context, tenantID uuid.UUID) (time.Duration, bool, error) {
 	var secs *float64
-	if err := s.pool.QueryRow(ctx, `SELECT extract(epoch FROM min(lease_until) - now())::float8 FROM usage_reports
-		WHERE tenant_id = $1 AND state = 'open' AND lease_until > now()`, tenantID).Scan(&secs); err != nil {
+	if err := s.customTx(ctx, func(tx pgx.Tx) error { return tx.QueryRow(ctx, heldForSQL, tenantID).Scan(&secs) }); err != nil {
 		return 0, false, fmt.Errorf("read leases of tenant %s: %w", tenantID, err)
 	}
 	if secs == nil {
@@ -206,6 +219,11 @@ func (s *Store) HeldFor(ctx context.Context, tenantID uuid.UUID) (time.Duration,
 	}
 	return time.Duration(*secs * float64(time.Second)), true, nil
 }
+
+// heldForSQL is the seconds until the first lease on an open report of
+// tenant $1 lapses.
+const heldForSQL = `SELECT extract(epoch FROM min(lease_until) - now())::float8 FROM usage_reports
+		WHERE tenant_id = $1 AND state = 'open' AND lease_until > now()`
 
 // Accept records that Stripe holds the reports (or that they summed to
 // zero), and in the same transaction stamps their members' dimensions
@@ -221,6 +239,9 @@ func (s *Store) Accept(ctx context.Context, reports ...Report) (int64, error) {
 	}
 	var billed int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := planSettings(ctx, tx); err != nil {
+			return err
+		}
 		members := acceptedMembers{}
 		for _, r := range reports {
 			var m []uuid.UUID
@@ -301,29 +322,9 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int
 	// A log is complete when every line with overage is accepted: the
 	// defaults by their columns, the others element by element, counting
 	// those this statement accepts (acc.keys).
-	const done = `(u.overage_input_tokens = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
-		AND (u.overage_output_tokens = 0 OR u.output_accepted_at IS NOT NULL OR v.o)
-		AND (u.meter_keys IS NULL OR NOT EXISTS (
-			SELECT 1 FROM unnest(u.meter_keys, u.meter_overage, u.meter_accepted_at) AS x (k, o, a)
-			WHERE x.o <> 0 AND x.a IS NULL AND NOT (x.k = ANY (coalesce(acc.keys, '{}')))))`
-	const complete = `u.billing_status IN ('pending', 'needs_review') AND ` + done
 	var billed int64
 	for _, where := range []string{`u.billing_status <> 'pending'`, `u.billing_status = 'pending'`} {
-		tag, err := tx.Exec(ctx, `WITH acc AS (
-				SELECT e.id, array_agg(e.k) AS keys FROM unnest($4::uuid[], $5::text[]) AS e (id, k) GROUP BY e.id
-			)
-			UPDATE usage_logs u SET
-				input_accepted_at = CASE WHEN v.i THEN coalesce(u.input_accepted_at, now()) ELSE u.input_accepted_at END,
-				output_accepted_at = CASE WHEN v.o THEN coalesce(u.output_accepted_at, now()) ELSE u.output_accepted_at END,
-				meter_accepted_at = CASE WHEN acc.keys IS NULL THEN u.meter_accepted_at ELSE (
-					SELECT array_agg(CASE WHEN x.k = ANY (acc.keys) THEN coalesce(x.a, now()) ELSE x.a END ORDER BY x.n)
-					FROM unnest(u.meter_keys, u.meter_accepted_at) WITH ORDINALITY AS x (k, a, n)) END,
-				billing_status = CASE WHEN `+complete+` THEN 'billed' ELSE u.billing_status END,
-				billed_at = CASE WHEN `+complete+` THEN now() ELSE u.billed_at END,
-				billing_message = CASE WHEN `+complete+` THEN NULL ELSE u.billing_message END,
-				updated_at = now()
-			FROM unnest($1::uuid[], $2::bool[], $3::bool[]) AS v (id, i, o) LEFT JOIN acc ON acc.id = v.id
-			WHERE u.id = v.id AND `+where, ids, in, out, extraIDs, extraKeys)
+		tag, err := tx.Exec(ctx, acceptMembersSQL(where), ids, in, out, extraIDs, extraKeys)
 		if err != nil {
 			return 0, fmt.Errorf("bill members: %w", err)
 		}
@@ -353,6 +354,9 @@ const parkMessage = `format('first sent to Stripe at %s, longer ago than Stripe'
 func (s *Store) closeReport(ctx context.Context, r Report, state ReportState, status overage.BillingStatus, msg string, g *Guard) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := planSettings(ctx, tx); err != nil {
+			return err
+		}
 		cond, message := ``, `$4::text`
 		args := []any{r.Lead, string(r.Dimension), string(state), msg}
 		if g != nil {
@@ -371,8 +375,7 @@ func (s *Store) closeReport(ctx context.Context, r Report, state ReportState, st
 		if err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now()
-			WHERE id = ANY($1) AND billing_status = 'pending'`, members, string(status), text)
+		tag, err := tx.Exec(ctx, closeMembersSQL, members, string(status), text)
 		n = tag.RowsAffected()
 		return err
 	})
@@ -406,15 +409,23 @@ func ParkOpenTx(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, msg string) 
 // send is past the guard's cutoff and that no live worker holds: the
 // sweep parks them.
 func (s *Store) ExpiredReports(ctx context.Context, g Guard, limit int) ([]Report, error) {
-	rs, err := collectReports(s.pool.Query(ctx, `SELECT `+reportColumns("", 2)+` FROM usage_reports
-		WHERE state = 'open' AND first_attempt_at < now() - make_interval(secs => $2)
-			AND (lease_until IS NULL OR lease_until < now())
-		LIMIT $1`, limit, g.Cutoff().Seconds()))
+	var rs []Report
+	err := s.customTx(ctx, func(tx pgx.Tx) (err error) {
+		rs, err = collectReports(tx.Query(ctx, expiredReportsSQL, limit, g.Cutoff().Seconds()))
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("read reports past the window: %w", err)
 	}
 	return rs, nil
 }
+
+// expiredReportsSQL lists up to $1 open reports whose first send is more
+// than $2 seconds old and that no live worker holds.
+var expiredReportsSQL = `SELECT ` + reportColumns("", 2) + ` FROM usage_reports
+		WHERE state = 'open' AND first_attempt_at < now() - make_interval(secs => $2)
+			AND (lease_until IS NULL OR lease_until < now())
+		LIMIT $1`
 
 // TenantsPendingSince lists the tenants with a usage log pending for longer
 // than grace: their report jobs are to be queued again. One probe of the
@@ -422,9 +433,7 @@ func (s *Store) ExpiredReports(ctx context.Context, g Guard, limit int) ([]Repor
 // left out: its logs wait for the suspension to be lifted, which queues
 // its job itself.
 func (s *Store) TenantsPendingSince(ctx context.Context, grace time.Duration) ([]uuid.UUID, error) {
-	rows, err := s.pool.Query(ctx, `SELECT t.id FROM tenants t WHERE t.suspended_at IS NULL AND EXISTS (
-		SELECT 1 FROM usage_logs u WHERE u.tenant_id = t.id AND u.billing_status = 'pending'
-			AND u.created_at < now() - make_interval(secs => $1))`, grace.Seconds())
+	rows, err := s.pool.Query(ctx, tenantsPendingSinceSQL, grace.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("read tenants with pending usage logs: %w", err)
 	}
@@ -433,4 +442,78 @@ func (s *Store) TenantsPendingSince(ctx context.Context, grace time.Duration) ([
 		return nil, fmt.Errorf("read tenants with pending usage logs: %w", err)
 	}
 	return ids, nil
+}
+
+// releaseSQL gives back the open reports ($1 leads, $2 dimensions).
+const releaseSQL = `UPDATE usage_reports r SET lease_until = NULL
+		FROM unnest($1::uuid[], $2::text[]) AS v (lead, dim)
+		WHERE r.lead_usage_log_id = v.lead AND r.dimension = v.dim AND r.state = 'open'`
+
+// A log is complete when every line with overage is accepted: the
+// defaults by their columns, the others element by element, counting
+// those this statement accepts (acc.keys).
+const acceptDone = `(u.overage_input_tokens = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
+		AND (u.overage_output_tokens = 0 OR u.output_accepted_at IS NOT NULL OR v.o)
+		AND (u.meter_keys IS NULL OR NOT EXISTS (
+			SELECT 1 FROM unnest(u.meter_keys, u.meter_overage, u.meter_accepted_at) AS x (k, o, a)
+			WHERE x.o <> 0 AND x.a IS NULL AND NOT (x.k = ANY (coalesce(acc.keys, '{}')))))`
+const acceptComplete = `u.billing_status IN ('pending', 'needs_review') AND ` + acceptDone
+
+// acceptMembersSQL stamps and bills the members matching where ($1 ids, $2
+// and $3 input and output accepted, $4 and $5 the accepted lines of other
+// meters as (log, meter) pairs).
+func acceptMembersSQL(where string) string {
+	return `WITH acc AS (
+				SELECT e.id, array_agg(e.k) AS keys FROM unnest($4::uuid[], $5::text[]) AS e (id, k) GROUP BY e.id
+			)
+			UPDATE usage_logs u SET
+				input_accepted_at = CASE WHEN v.i THEN coalesce(u.input_accepted_at, now()) ELSE u.input_accepted_at END,
+				output_accepted_at = CASE WHEN v.o THEN coalesce(u.output_accepted_at, now()) ELSE u.output_accepted_at END,
+				meter_accepted_at = CASE WHEN acc.keys IS NULL THEN u.meter_accepted_at ELSE (
+					SELECT array_agg(CASE WHEN x.k = ANY (acc.keys) THEN coalesce(x.a, now()) ELSE x.a END ORDER BY x.n)
+					FROM unnest(u.meter_keys, u.meter_accepted_at) WITH ORDINALITY AS x (k, a, n)) END,
+				billing_status = CASE WHEN ` + acceptComplete + ` THEN 'billed' ELSE u.billing_status END,
+				billed_at = CASE WHEN ` + acceptComplete + ` THEN now() ELSE u.billed_at END,
+				billing_message = CASE WHEN ` + acceptComplete + ` THEN NULL ELSE u.billing_message END,
+				updated_at = now()
+			FROM unnest($1::uuid[], $2::bool[], $3::bool[]) AS v (id, i, o) LEFT JOIN acc ON acc.id = v.id
+			WHERE u.id = v.id AND ` + where
+}
+
+// closeMembersSQL moves a closed report's pending members ($1) to $2 with
+// message $3.
+const closeMembersSQL = `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now()
+			WHERE id = ANY($1) AND billing_status = 'pending'`
+
+// tenantsPendingSinceSQL lists the tenants not suspended with a log
+// pending for longer than $1 seconds.
+const tenantsPendingSinceSQL = `SELECT t.id FROM tenants t WHERE t.suspended_at IS NULL AND EXISTS (
+		SELECT 1 FROM usage_logs u WHERE u.tenant_id = t.id AND u.billing_status = 'pending'
+			AND u.created_at < now() - make_interval(secs => $1))`
+
+// planSettingsSQL is the first statement of each transaction of the store:
+// every statement after it is planned for its arguments and the tables as
+// they are at each execution (a custom plan), never by a generic plan
+// cached while the tables were small. A generic plan made at a few rows
+// joins unnest($1) to usage_logs by hash over a sequential scan, and the
+// next ANALYZE that would replace it may be a long way off; planning these
+// statements again costs a fraction of a millisecond (docs/plans.md).
+const planSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true)`
+
+// customTx runs f in a transaction of the pool opened by planSettingsSQL.
+func (s *Store) customTx(ctx context.Context, f func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := planSettings(ctx, tx); err != nil {
+			return err
+		}
+		return f(tx)
+	})
+}
+
+// planSettings runs planSettingsSQL in tx.
+func planSettings(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, planSettingsSQL); err != nil {
+		return fmt.Errorf("plan settings: %w", err)
+	}
+	return nil
 }
