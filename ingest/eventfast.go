@@ -122,7 +122,16 @@ type fastScan struct {
 	noTime time.Time
 }
 
-func (p *fastScan) space() { p.i = skipSpace(p.data, p.i) }
+func (p *fastScan) space() {
+	for p.i < len(p.data) {
+		switch p.data[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
 
 // next consumes c if it is the next byte.
 func (p *fastScan) next(c byte) bool {

@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/fastjson"
 )
 
 // FuzzCreateUsageEvent sends two bodies under one Idempotency-Key to the
@@ -65,8 +65,8 @@ func FuzzCreateUsageEvent(f *testing.F) {
 		if !sent || statusA >= 300 {
 			return
 		}
-		ca, errA := ingest.CanonicalJSON(a)
-		cb, errB := ingest.CanonicalJSON(b)
+		ca, errA := fastjson.Canonical(a)
+		cb, errB := fastjson.Canonical(b)
 		if errA != nil {
 			t.Fatalf("%q was accepted (%d) but has no canonical form: %v", a, statusA, errA)
 		}

@@ -1,4 +1,4 @@
-package ingest
+package fastjson
 
 import (
 	"bytes"
@@ -52,7 +52,7 @@ type onePass struct {
 func (p *onePass) space() { p.i = skipSpace(p.data, p.i) }
 
 // skipSpace returns the index of the first byte at or after i that is not
-// JSON whitespace: both one-pass scanners' (this and eventfast.go's).
+// JSON whitespace.
 func skipSpace(data []byte, i int) int {
 	for i < len(data) {
 		switch data[i] {

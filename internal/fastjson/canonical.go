@@ -1,8 +1,7 @@
-package ingest
+package fastjson
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,24 +13,7 @@ import (
 	"unicode/utf8"
 )
 
-// fingerprint is SHA-256 over the method, the path and the RFC 8785
-// canonical form of the body, so key order and whitespace never make two
-// equal requests look different.
-func fingerprint(method, path string, body []byte) ([]byte, error) {
-	canon, err := canonicalJSON(body)
-	if err != nil {
-		return nil, err
-	}
-	h := sha256.New()
-	h.Write([]byte(method))
-	h.Write([]byte{0})
-	h.Write([]byte(path))
-	h.Write([]byte{0})
-	h.Write(canon)
-	return h.Sum(nil), nil
-}
-
-// canonicalJSON returns the JSON Canonicalization Scheme (RFC 8785) form of
+// Canonical returns the JSON Canonicalization Scheme (RFC 8785) form of
 // a JSON text: object members sorted by UTF-16 code units, no whitespace,
 // numbers as ECMAScript prints them, strings with minimal escaping.
 //
@@ -39,14 +21,14 @@ func fingerprint(method, path string, body []byte) ([]byte, error) {
 // otherwise keep the last of two duplicate keys and turn invalid UTF-8 and
 // lone surrogates into U+FFFD, so two different bodies would get one
 // canonical form and one fingerprint.
-func canonicalJSON(data []byte) ([]byte, error) {
+func Canonical(data []byte) ([]byte, error) {
 	if canon, ok := canonicalOnePass(data); ok {
 		return canon, nil
 	}
 	return canonicalViaDecoder(data)
 }
 
-// canonicalViaDecoder is canonicalJSON through encoding/json: the
+// canonicalViaDecoder is Canonical through encoding/json: the
 // reference canonicalOnePass is fuzzed against, and the path that words
 // every refusal.
 func canonicalViaDecoder(data []byte) ([]byte, error) {
