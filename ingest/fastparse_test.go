@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/overage-billing/overage/internal/fastjson"
 )
 
 var (
@@ -74,13 +76,13 @@ var fastBatchBodies = []string{
 func TestFastParsersTakeHonestBodies(t *testing.T) {
 	t.Parallel()
 	for _, body := range []string{fastEventBodies[0], fastEventBodies[1], fastEventBodies[2], fastEventBodies[14], fastEventBodies[16], fastEventBodies[21]} {
-		if _, ok := parseEventFast([]byte(body), fastNow); !ok {
+		if _, ok := fastEvent([]byte(body)); !ok {
 			t.Errorf("the fast parser leaves %s to the decoder", body)
 		}
 		checkFastEvent(t, []byte(body))
 	}
 	for _, body := range []string{fastBatchBodies[0], fastBatchBodies[2], string(benchBatchBody(MaxBatchEvents))} {
-		if _, ok := parseBatchFast([]byte(body), fastNow, fastTenant); !ok {
+		if _, ok := fastBatch([]byte(body)); !ok {
 			t.Errorf("the fast parser leaves %.100s to the decoder", body)
 		}
 		checkFastBatch(t, []byte(body))
@@ -115,7 +117,7 @@ func FuzzFastParse(f *testing.F) {
 
 func checkFastEvent(t *testing.T, body []byte) {
 	t.Helper()
-	fast, ok := parseEventFast(body, fastNow)
+	fast, ok := fastEvent(body)
 	if !ok {
 		return
 	}
@@ -130,7 +132,7 @@ func checkFastEvent(t *testing.T, body []byte) {
 
 func checkFastBatch(t *testing.T, body []byte) {
 	t.Helper()
-	fast, ok := parseBatchFast(body, fastNow, fastTenant)
+	fast, ok := fastBatch(body)
 	if !ok {
 		return
 	}
@@ -141,4 +143,24 @@ func checkFastBatch(t *testing.T, body []byte) {
 	if !reflect.DeepEqual(fast, slow) {
 		t.Fatalf("%.200q: the fast parser and the decoder path give different events", body)
 	}
+}
+
+// fastEvent and fastBatch are the fast parsers' answer as parseEvent and
+// parseBatch take it.
+func fastEvent(body []byte) (*Event, bool) {
+	rules := fastRules(fastNow, uuid.Nil)
+	ev, ok := fastjson.ParseEvent(body, &rules)
+	if !ok {
+		return nil, false
+	}
+	return fromFast(&ev), true
+}
+
+func fastBatch(body []byte) ([]*Event, bool) {
+	rules := fastRules(fastNow, fastTenant)
+	evs, ok := fastjson.ParseBatch(body, &rules, setFromFast)
+	if !ok {
+		return nil, false
+	}
+	return pointers(evs), true
 }

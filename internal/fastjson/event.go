@@ -1,4 +1,4 @@
-package ingest
+package fastjson
 
 import (
 	"bytes"
@@ -9,21 +9,59 @@ import (
 )
 
 // The fast event parsers read the bodies honest clients send straight into
-// Event, without encoding/json: decoding every event of a batch into a map
+// events, without encoding/json: decoding every event of a batch into a map
 // of json.RawMessage and then each field again was a quarter of serve's CPU
 // on batches. They answer ok only for a body that is valid in every way the
 // decoder path checks — plain strings (no escape), non-negative integers,
 // known fields each at most once, no stream checkpoint — so any body they
-// refuse, for whatever reason, goes to parseBatch or parseEvent, which word
-// every refusal exactly as before. FuzzFastParse checks that whenever a fast
-// parser answers, the decoder path gives the same events.
+// refuse, for whatever reason, goes to ingest's decoder path, which words
+// every refusal. ingest's FuzzFastParse checks that whenever a fast parser
+// answers, the decoder path gives the same events, and
+// TestFastParserKnowsEveryField that no field the decoder path takes is
+// unknown here.
 
-// parseBatchFast is parseBatch for a body it fully understands.
-func parseBatchFast(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, bool) {
+// Event is a usage event as the fast parsers read it: ingest's Event but
+// for a stream checkpoint, which they leave to the decoder path.
+type Event struct {
+	RequestID    *string
+	Timestamp    time.Time
+	UserID       string
+	ModelID      string
+	InputTokens  int64
+	OutputTokens int64
+	TenantID     *uuid.UUID
+}
+
+// Rules are the bounds ingest's decoder path checks, for the fast parsers
+// to check the same.
+type Rules struct {
+	// Now is the time of the request: a timestamp must lie between
+	// Now-MaxEventAge and Now+MaxFutureSkew, and an event that names none
+	// gets Now in microseconds.
+	Now           time.Time
+	MaxFutureSkew time.Duration
+	MaxEventAge   time.Duration
+	// MaxTextLen bounds a text field in bytes; MaxTokens a token count.
+	MaxTextLen int
+	MaxTokens  int64
+	// MaxEvents bounds a batch; TenantID is the tenant a batch's events
+	// may name.
+	MaxEvents int
+	TenantID  uuid.UUID
+}
+
+// Fields are the members of an event the fast parsers read; any other
+// makes them leave the body to the decoder path.
+var Fields = []string{"request_id", "user_id", "model_id", "input_tokens", "output_tokens", "timestamp", "tenant_id"}
+
+// ParseBatch reads a batch body {"events": [...]} it fully understands
+// into the caller's event type: set copies each event into its element,
+// so the events cost one slice and no copy of their own.
+func ParseBatch[E any](body []byte, r *Rules, set func(dst *E, ev *Event)) ([]E, bool) {
 	if !utf8.Valid(body) {
 		return nil, false
 	}
-	p := fastScan{data: body, s: string(body), now: now, noTime: now.UTC().Truncate(time.Microsecond)}
+	p := fastScan{data: body, s: string(body), r: r, noTime: r.Now.UTC().Truncate(time.Microsecond)}
 	p.space()
 	if !p.next('{') {
 		return nil, false
@@ -40,22 +78,26 @@ func parseBatchFast(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, b
 	if !p.next('[') {
 		return nil, false
 	}
-	// Events are built in place and pointed to once the slices stop
-	// growing; every event names a model_id, so they rarely grow.
-	n := min(bytes.Count(body, []byte(`"model_id"`)), MaxBatchEvents)
-	evs := make([]Event, 0, n)
+	// Every event names a model_id, so the slices rarely grow; when rids
+	// does, the request_ids already pointed to stay where they were.
+	n := min(bytes.Count(body, []byte(`"model_id"`)), r.MaxEvents)
+	evs := make([]E, 0, n)
 	rids := make([]string, 0, n)
+	// One event read into, reused: set sees it through a pointer.
+	ev := new(Event)
 	for {
 		p.space()
-		var ev Event
-		rid, hasRID, ok := p.event(&ev)
+		*ev = Event{}
+		rid, hasRID, ok := p.event(ev)
 		// A checkpoint, a missing request_id or another tenant's event is
 		// an error the decoder path words.
-		if !ok || !hasRID || (ev.TenantID != nil && *ev.TenantID != tenantID) || len(evs) == MaxBatchEvents {
+		if !ok || !hasRID || (ev.TenantID != nil && *ev.TenantID != r.TenantID) || len(evs) == r.MaxEvents {
 			return nil, false
 		}
-		evs = append(evs, ev)
 		rids = append(rids, rid)
+		ev.RequestID = &rids[len(rids)-1]
+		evs = append(evs, *new(E))
+		set(&evs[len(evs)-1], ev)
 		p.space()
 		if p.next(',') {
 			continue
@@ -80,29 +122,24 @@ func parseBatchFast(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, b
 		}
 		seen[rid] = struct{}{}
 	}
-	events := make([]*Event, len(evs))
-	for i := range evs {
-		evs[i].RequestID = &rids[i]
-		events[i] = &evs[i]
-	}
-	return events, true
+	return evs, true
 }
 
-// parseEventFast is parseEvent for a body it fully understands.
-func parseEventFast(body []byte, now time.Time) (*Event, bool) {
+// ParseEvent reads the body of one event it fully understands.
+func ParseEvent(body []byte, r *Rules) (Event, bool) {
 	if !utf8.Valid(body) {
-		return nil, false
+		return Event{}, false
 	}
-	p := fastScan{data: body, s: string(body), now: now, noTime: now.UTC().Truncate(time.Microsecond)}
+	p := fastScan{data: body, s: string(body), r: r, noTime: r.Now.UTC().Truncate(time.Microsecond)}
 	p.space()
-	ev := &Event{}
-	rid, hasRID, ok := p.event(ev)
+	var ev Event
+	rid, hasRID, ok := p.event(&ev)
 	if !ok {
-		return nil, false
+		return Event{}, false
 	}
 	p.space()
 	if p.i != len(p.data) {
-		return nil, false
+		return Event{}, false
 	}
 	if hasRID {
 		ev.RequestID = &rid
@@ -115,23 +152,14 @@ type fastScan struct {
 	data []byte
 	// s holds the same bytes, so the strings of an event are slices of it
 	// rather than one allocation each.
-	s   string
-	i   int
-	now time.Time
+	s string
+	i int
+	r *Rules
 	// noTime is the timestamp of an event that names none.
 	noTime time.Time
 }
 
-func (p *fastScan) space() {
-	for p.i < len(p.data) {
-		switch p.data[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
+func (p *fastScan) space() { p.i = skipSpace(p.data, p.i) }
 
 // next consumes c if it is the next byte.
 func (p *fastScan) next(c byte) bool {
@@ -163,28 +191,28 @@ func (p *fastScan) plainString() (string, bool) {
 	return "", false
 }
 
-// text reads a text field's value: 1 to maxTextLen bytes. A plain string
+// text reads a text field's value: 1 to MaxTextLen bytes. A plain string
 // cannot hold NUL.
 func (p *fastScan) text() (string, bool) {
 	s, ok := p.plainString()
-	return s, ok && s != "" && len(s) <= maxTextLen
+	return s, ok && s != "" && len(s) <= p.r.MaxTextLen
 }
 
-// tokens reads a token count: 0 to maxTokens, as JSON writes it (no sign,
+// tokens reads a token count: 0 to MaxTokens, as JSON writes it (no sign,
 // no leading zero, no fraction or exponent: the delimiter check of the
 // caller refuses those).
 func (p *fastScan) tokens() (int64, bool) {
 	start := p.i
 	var n int64
 	for p.i < len(p.data) && p.data[p.i] >= '0' && p.data[p.i] <= '9' {
-		if p.i-start == 13 { // maxTokens has 13 digits
+		if p.i-start == 18 { // more than any bound: n must not overflow
 			return 0, false
 		}
 		n = n*10 + int64(p.data[p.i]-'0')
 		p.i++
 	}
 	switch {
-	case p.i == start, p.data[start] == '0' && p.i-start > 1, n > maxTokens:
+	case p.i == start, p.data[start] == '0' && p.i-start > 1, n > p.r.MaxTokens:
 		return 0, false
 	}
 	return n, true
@@ -233,13 +261,13 @@ func (p *fastScan) event(ev *Event) (rid string, hasRID, ok bool) {
 		case "model_id":
 			field = fastModelID
 			ev.ModelID, ok = p.text()
-		case fieldInputTokens:
+		case "input_tokens":
 			field = fastInput
 			ev.InputTokens, ok = p.tokens()
 		case "output_tokens":
 			field = fastOutput
 			ev.OutputTokens, ok = p.tokens()
-		case fieldTimestamp:
+		case "timestamp":
 			field = fastTimestamp
 			ok = p.timestamp(ev)
 		case "tenant_id":
@@ -275,14 +303,14 @@ func (p *fastScan) event(ev *Event) (rid string, hasRID, ok bool) {
 	return rid, seen&fastRequestID != 0, true
 }
 
-// timestamp reads an event's timestamp as parseEvent checks it.
+// timestamp reads an event's timestamp as the decoder path checks it.
 func (p *fastScan) timestamp(ev *Event) bool {
 	s, ok := p.text()
 	if !ok {
 		return false
 	}
 	ts, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil || ts.After(p.now.Add(maxFutureSkew)) || ts.Before(p.now.Add(-maxEventAge)) {
+	if err != nil || ts.After(p.r.Now.Add(p.r.MaxFutureSkew)) || ts.Before(p.r.Now.Add(-p.r.MaxEventAge)) {
 		return false
 	}
 	ev.Timestamp = ts.UTC().Truncate(time.Microsecond)
