@@ -1,4 +1,4 @@
-package ingest
+package fastjson
 
 import (
 	"strconv"
@@ -18,8 +18,40 @@ import (
 // RFC 3339) makes the writer answer !ok, for the caller to take
 // json.Marshal and its error.
 
+// LogAnswer is the JSON of a usage log in ingest's answers.
+type LogAnswer struct {
+	*overage.UsageLog
+	Duplicate bool `json:"duplicate"`
+}
+
+// BatchEvent is one element of a batch answer.
+type BatchEvent struct {
+	Index     int  `json:"index"`
+	Duplicate bool `json:"duplicate"`
+	*overage.UsageLog
+}
+
+// BatchAnswer is the JSON of a batch answer.
+type BatchAnswer struct {
+	Events     []BatchEvent `json:"events"`
+	Created    int          `json:"created"`
+	Duplicates int          `json:"duplicates"`
+}
+
+// RenderLog writes r as json.Marshal does, or answers !ok for the caller
+// to take json.Marshal.
+func RenderLog(r *LogAnswer) ([]byte, bool) {
+	return appendLogResponse(make([]byte, 0, 512), r)
+}
+
+// RenderBatch writes resp as json.Marshal does, or answers !ok for the
+// caller to take json.Marshal.
+func RenderBatch(resp *BatchAnswer) ([]byte, bool) {
+	return appendBatchResponse(make([]byte, 0, batchResponseSize(resp.Events)), resp)
+}
+
 // appendBatchResponse writes resp as json.Marshal does.
-func appendBatchResponse(b []byte, resp *batchResponse) ([]byte, bool) {
+func appendBatchResponse(b []byte, resp *BatchAnswer) ([]byte, bool) {
 	if resp.Events == nil {
 		return nil, false
 	}
@@ -53,19 +85,22 @@ func appendBatchResponse(b []byte, resp *batchResponse) ([]byte, bool) {
 // batchResponseSize is about the length of a batch answer, for its buffer
 // to be allocated once: a log takes about 360 bytes and its strings, each
 // meter event about 160.
-func batchResponseSize(results []result) int {
+func batchResponseSize(events []BatchEvent) int {
 	n := 64
-	for _, r := range results {
-		n += 360 + len(r.log.UserID) + len(r.log.ModelID) + 160*len(r.log.StripeEvents) + 200*len(r.log.Meters)
-		if r.log.RequestID != nil {
-			n += len(*r.log.RequestID)
+	for _, e := range events {
+		if e.UsageLog == nil {
+			continue
+		}
+		n += 360 + len(e.UserID) + len(e.ModelID) + 160*len(e.StripeEvents) + 200*len(e.Meters)
+		if e.RequestID != nil {
+			n += len(*e.RequestID)
 		}
 	}
 	return n
 }
 
 // appendLogResponse writes r as json.Marshal does.
-func appendLogResponse(b []byte, r *logResponse) ([]byte, bool) {
+func appendLogResponse(b []byte, r *LogAnswer) ([]byte, bool) {
 	if r.UsageLog == nil {
 		return nil, false
 	}
