@@ -80,7 +80,7 @@ func fromFast(f *fastjson.Event) *Event {
 
 func setFromFast(ev *Event, f *fastjson.Event) {
 	*ev = Event{RequestID: f.RequestID, Timestamp: f.Timestamp, UserID: f.UserID, ModelID: f.ModelID,
-		InputTokens: f.InputTokens, OutputTokens: f.OutputTokens, TenantID: f.TenantID}
+		InputTokens: f.InputTokens, OutputTokens: f.OutputTokens, Parts: f.Parts, TenantID: f.TenantID}
 }
 
 // parseEventViaDecoder decodes and validates a body, reporting every

@@ -53,6 +53,13 @@ var fastEventBodies = []string{
 	`{}`,
 	`[]`,
 	``,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"cache_read_input_tokens":4,"cache_creation_input_tokens":6,"reasoning_output_tokens":5}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"cache_read_input_tokens":4,"cache_creation_input_tokens":7}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"cache_read_input_tokens":11}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"reasoning_output_tokens":6}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"reasoning_output_tokens":0,"reasoning_output_tokens":0}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"cache_read_input_tokens":null}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":0,"output_tokens":0,"cache_read_input_tokens":0}`,
 }
 
 // fastBatchBodies are batches for FuzzFastParse besides each event alone.
@@ -75,7 +82,7 @@ var fastBatchBodies = []string{
 // is what the decoder path decides.
 func TestFastParsersTakeHonestBodies(t *testing.T) {
 	t.Parallel()
-	for _, body := range []string{fastEventBodies[0], fastEventBodies[1], fastEventBodies[2], fastEventBodies[14], fastEventBodies[16], fastEventBodies[21]} {
+	for _, body := range []string{fastEventBodies[0], fastEventBodies[1], fastEventBodies[2], fastEventBodies[14], fastEventBodies[16], fastEventBodies[21], fastEventBodies[34]} {
 		if _, ok := fastEvent([]byte(body)); !ok {
 			t.Errorf("the fast parser leaves %s to the decoder", body)
 		}
@@ -93,6 +100,62 @@ func TestFastParsersTakeHonestBodies(t *testing.T) {
 	for _, body := range fastEventBodies {
 		checkFastEvent(t, []byte(body))
 		checkFastBatch(t, []byte(`{"events":[`+body+`]}`))
+	}
+}
+
+// decoderOnlyFields are the fields the decoder path takes that the fast
+// parser leaves to it on purpose, and why.
+var decoderOnlyFields = map[string]string{
+	"stream": "a stream checkpoint has rules of its own (stream.go) and is rarer than a plain event",
+}
+
+// fastFieldSamples are a valid value of each field an honest body may add
+// to fastEventBodies[0] (which names the required ones).
+var fastFieldSamples = map[string]string{
+	"request_id": `"r1"`, "user_id": `"u"`, "model_id": `"m"`, "input_tokens": "10", "output_tokens": "5",
+	fieldTimestamp: `"2026-11-30T10:00:00Z"`, "tenant_id": `"` + fastTenant.String() + `"`,
+	fieldCacheRead: "1", fieldCacheWrite: "1", fieldReasoning: "1",
+}
+
+// TestFastParserKnowsEveryField: a field the decoder path takes (its
+// knownFields) and the fast parser does not know would send every body
+// naming it down the slow path without anyone noticing. Each is in
+// fastjson.Fields, and a body naming it takes the fast path and agrees with
+// the decoder, or it is in decoderOnlyFields with the reason.
+func TestFastParserKnowsEveryField(t *testing.T) {
+	t.Parallel()
+	fast := map[string]bool{}
+	for _, name := range fastjson.Fields {
+		fast[name] = true
+		if !knownFields[name] {
+			t.Errorf("the fast parser reads %q, which the decoder path refuses as unknown", name)
+		}
+	}
+	for name := range knownFields {
+		_, slowOnly := decoderOnlyFields[name]
+		switch {
+		case slowOnly && fast[name]:
+			t.Errorf("%q is read by the fast parser and listed in decoderOnlyFields: remove it from the list", name)
+		case slowOnly:
+			continue
+		case !fast[name]:
+			t.Errorf("the decoder path takes %q and the fast parser does not know it: every body naming it takes the slow path; add it to internal/fastjson (Event, Fields, fastScan.event) or to decoderOnlyFields with the reason", name)
+			continue
+		}
+		sample, ok := fastFieldSamples[name]
+		if !ok {
+			t.Errorf("no sample value for %q in fastFieldSamples", name)
+			continue
+		}
+		base := fastEventBodies[0]
+		body := base[:len(base)-1] + `,"` + name + `":` + sample + `}`
+		if strings.Contains(base, `"`+name+`"`) {
+			body = base // a required field: the base body names it
+		}
+		if _, ok := fastEvent([]byte(body)); !ok {
+			t.Errorf("fastjson.Fields names %q, but the fast parser leaves %s to the decoder", name, body)
+		}
+		checkFastEvent(t, []byte(body))
 	}
 }
 

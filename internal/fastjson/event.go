@@ -6,6 +6,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/overage-billing/overage"
 )
 
 // The fast event parsers read the bodies honest clients send straight into
@@ -29,6 +31,7 @@ type Event struct {
 	ModelID      string
 	InputTokens  int64
 	OutputTokens int64
+	Parts        overage.TokenParts
 	TenantID     *uuid.UUID
 }
 
@@ -52,7 +55,15 @@ type Rules struct {
 
 // Fields are the members of an event the fast parsers read; any other
 // makes them leave the body to the decoder path.
-var Fields = []string{"request_id", "user_id", "model_id", "input_tokens", "output_tokens", "timestamp", "tenant_id"}
+var Fields = []string{"request_id", "user_id", "model_id", "input_tokens", "output_tokens", "timestamp", "tenant_id",
+	fieldCacheRead, fieldCacheWrite, fieldReasoning}
+
+// The optional parts of the token totals.
+const (
+	fieldCacheRead  = "cache_read_input_tokens"
+	fieldCacheWrite = "cache_creation_input_tokens"
+	fieldReasoning  = "reasoning_output_tokens"
+)
 
 // ParseBatch reads a batch body {"events": [...]} it fully understands
 // into the caller's event type: set copies each event into its element,
@@ -218,6 +229,15 @@ func (p *fastScan) tokens() (int64, bool) {
 	return n, true
 }
 
+// part reads an optional part of the totals.
+func (p *fastScan) part() (*int64, bool) {
+	n, ok := p.tokens()
+	if !ok {
+		return nil, false
+	}
+	return &n, true
+}
+
 // Fields of an event, for fastScan.event's check that each comes at most
 // once.
 const (
@@ -228,6 +248,9 @@ const (
 	fastOutput
 	fastTimestamp
 	fastTenantID
+	fastCacheRead
+	fastCacheWrite
+	fastReasoning
 	fastRequired = fastUserID | fastModelID | fastInput | fastOutput
 )
 
@@ -278,6 +301,15 @@ func (p *fastScan) event(ev *Event) (rid string, hasRID, ok bool) {
 				ok = err == nil
 				ev.TenantID = &id
 			}
+		case fieldCacheRead:
+			field = fastCacheRead
+			ev.Parts.CacheRead, ok = p.part()
+		case fieldCacheWrite:
+			field = fastCacheWrite
+			ev.Parts.CacheWrite, ok = p.part()
+		case fieldReasoning:
+			field = fastReasoning
+			ev.Parts.Reasoning, ok = p.part()
 		default: // a checkpoint, an unknown field
 			return "", false, false
 		}
@@ -295,6 +327,11 @@ func (p *fastScan) event(ev *Event) (rid string, hasRID, ok bool) {
 		return "", false, false
 	}
 	if seen&fastRequired != fastRequired || (ev.InputTokens == 0 && ev.OutputTokens == 0) {
+		return "", false, false
+	}
+	// Parts larger than the totals that include them: the decoder path
+	// words it.
+	if ev.Parts.Input() > ev.InputTokens || (ev.Parts.Reasoning != nil && *ev.Parts.Reasoning > ev.OutputTokens) {
 		return "", false, false
 	}
 	if seen&fastTimestamp == 0 {
