@@ -56,7 +56,9 @@ func FuzzCreateUsageEvent(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, key string, a, b []byte) {
 		// Each input starts its own key, so earlier inputs never answer.
-		key = key + "/" + string(bytes.ToValidUTF8(a, nil))[:min(len(a), 40)] + string(rune(len(b)))
+		// (Invalid UTF-8 is dropped, so the prefix may be shorter than a.)
+		prefix := string(bytes.ToValidUTF8(a, nil))
+		key = key + "/" + prefix[:min(len(prefix), 40)] + string(rune(len(b)))
 		statusA, bodyA, sent := post(t, key, a)
 		if !sent {
 			return
