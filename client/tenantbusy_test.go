@@ -10,8 +10,8 @@ import (
 
 	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
 
 // TestRetriesTenantBusy: against the real server with TENANT_MAX_INFLIGHT=1

@@ -17,8 +17,8 @@ import (
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/tenants"
 )
 

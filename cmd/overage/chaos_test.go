@@ -21,7 +21,7 @@ import (
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )

@@ -19,9 +19,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/overage-billing/overage/internal/httpx"
-	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/aptinstall"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
 
 // TestRiverUIOpensInABrowser signs in to River UI in a real headless

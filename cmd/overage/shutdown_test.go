@@ -7,8 +7,8 @@ import (
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 

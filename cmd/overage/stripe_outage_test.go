@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/riverqueue/river"
 )

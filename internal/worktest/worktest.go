@@ -20,7 +20,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
