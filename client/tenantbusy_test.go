@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/client"
-	"github.com/overage-billing/overage/internal/apitest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
 

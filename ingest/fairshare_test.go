@@ -16,8 +16,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/internal/apitest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/tenants"
 )

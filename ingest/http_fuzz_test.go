@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/overage-billing/overage/internal/apitest"
 	"github.com/overage-billing/overage/internal/fastjson"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 )
 
 // FuzzCreateUsageEvent sends two bodies under one Idempotency-Key to the

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/aptinstall"
 )
 
