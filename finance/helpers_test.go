@@ -16,7 +16,7 @@ import (
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/internal/testkit/apitest"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/tenants"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/workers"

@@ -15,7 +15,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
