@@ -12,8 +12,8 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
 	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"

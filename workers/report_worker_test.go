@@ -13,8 +13,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
 	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"

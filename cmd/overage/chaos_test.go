@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/internal/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 	"github.com/overage-billing/overage/stripeclient/emulator"

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/internal/billingtest"
 	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
