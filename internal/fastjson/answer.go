@@ -11,12 +11,11 @@ import (
 )
 
 // The answers of an ingest are written by hand rather than by json.Marshal,
-// which spent a tenth of serve's CPU on a batch walking UsageLog by
-// reflection. The bytes are json.Marshal's exactly — the answer is stored
-// under the key and replayed, and TestRenderMatchesJSONMarshal compares the
-// two — and whatever json.Marshal would refuse (a time it cannot write as
-// RFC 3339) makes the writer answer !ok, for the caller to take
-// json.Marshal and its error.
+// which walks UsageLog by reflection. The bytes are json.Marshal's exactly
+// — the answer is stored under the key and replayed, and
+// TestRenderMatchesJSONMarshal compares the two — and whatever json.Marshal
+// would refuse (a time it cannot write as RFC 3339) makes the writer answer
+// !ok, for the caller to take json.Marshal and its error.
 
 // LogAnswer is the JSON of a usage log in ingest's answers.
 type LogAnswer struct {

@@ -11,16 +11,15 @@ import (
 )
 
 // The fast event parsers read the bodies honest clients send straight into
-// events, without encoding/json: decoding every event of a batch into a map
-// of json.RawMessage and then each field again was a quarter of serve's CPU
-// on batches. They answer ok only for a body that is valid in every way the
-// decoder path checks — plain strings (no escape), non-negative integers,
-// known fields each at most once, no stream checkpoint — so any body they
-// refuse, for whatever reason, goes to ingest's decoder path, which words
-// every refusal. ingest's FuzzFastParse checks that whenever a fast parser
-// answers, the decoder path gives the same events, and
-// TestFastParserKnowsEveryField that no field the decoder path takes is
-// unknown here.
+// events, where ingest's decoder path decodes each event into a map of
+// json.RawMessage and then each field again. They answer ok only for a
+// body that is valid in every way the decoder path checks — plain strings
+// (no escape), non-negative integers, known fields each at most once, no
+// stream checkpoint — so any body they refuse, for whatever reason, goes to
+// the decoder path, which words every refusal. ingest's FuzzFastParse
+// checks that whenever a fast parser answers, the decoder path gives the
+// same events, and TestFastParserKnowsEveryField that no field the decoder
+// path takes is unknown here (but those it lists as its own).
 
 // Event is a usage event as the fast parsers read it: ingest's Event but
 // for a stream checkpoint, which they leave to the decoder path.

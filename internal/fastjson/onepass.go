@@ -9,12 +9,12 @@ import (
 )
 
 // canonicalOnePass is the RFC 8785 form of data built in one pass over the
-// bytes, checking what I-JSON forbids on the way: the decoder-based path
-// (canonicalViaDecoder) walked every body three times and was a sixth of an
-// ingest's CPU. It answers ok only for a body it fully understood; anything
-// it does not (a syntax error, a duplicate name, a lone surrogate, a number
-// out of range, deep nesting) goes to canonicalViaDecoder, so every refusal
-// and its wording stay exactly what they were.
+// bytes, checking what I-JSON forbids on the way, where the decoder path
+// (canonicalViaDecoder) walks a body three times. It answers ok only for a
+// body it fully understood; anything it does not (a syntax error, a
+// duplicate name, a lone surrogate, a number out of range, deep nesting)
+// goes to canonicalViaDecoder, so every refusal and its wording are the
+// decoder path's.
 func canonicalOnePass(data []byte) (canon []byte, ok bool) {
 	if !utf8.Valid(data) {
 		return nil, false
