@@ -26,6 +26,8 @@ import (
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 	"github.com/overage-billing/overage/stripeclient/emulator"
+
+	"go.uber.org/goleak"
 )
 
 // childEnv makes the test binary act as the overage binary: the chaos test
@@ -37,7 +39,8 @@ func TestMain(m *testing.M) {
 		main2(strings.Fields(args))
 		return
 	}
-	os.Exit(m.Run())
+	// Otherwise the tests, failed if a goroutine outlives them.
+	goleak.VerifyTestMain(m)
 }
 
 // main2 is main with given arguments.
