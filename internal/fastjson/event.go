@@ -71,7 +71,7 @@ func ParseBatch[E any](body []byte, r *Rules, set func(dst *E, ev *Event)) ([]E,
 	if !utf8.Valid(body) {
 		return nil, false
 	}
-	p := fastScan{data: body, s: string(body), r: r, noTime: r.Now.UTC().Truncate(time.Microsecond)}
+	p := fastScan{data: body, s: string(body), r: *r, noTime: r.Now.UTC().Truncate(time.Microsecond)}
 	p.space()
 	if !p.next('{') {
 		return nil, false
@@ -140,7 +140,7 @@ func ParseEvent(body []byte, r *Rules) (Event, bool) {
 	if !utf8.Valid(body) {
 		return Event{}, false
 	}
-	p := fastScan{data: body, s: string(body), r: r, noTime: r.Now.UTC().Truncate(time.Microsecond)}
+	p := fastScan{data: body, s: string(body), r: *r, noTime: r.Now.UTC().Truncate(time.Microsecond)}
 	p.space()
 	var ev Event
 	rid, hasRID, ok := p.event(&ev)
@@ -164,7 +164,7 @@ type fastScan struct {
 	// rather than one allocation each.
 	s string
 	i int
-	r *Rules
+	r Rules // a copy, so the caller's does not escape
 	// noTime is the timestamp of an event that names none.
 	noTime time.Time
 }
