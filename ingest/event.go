@@ -78,6 +78,8 @@ func fromFast(f *fastjson.Event) *Event {
 	return ev
 }
 
+// setFromFast sets ev to f, field by field
+// (TestFastEventFieldsAreEventFields keeps the two types in step).
 func setFromFast(ev *Event, f *fastjson.Event) {
 	*ev = Event{RequestID: f.RequestID, Timestamp: f.Timestamp, UserID: f.UserID, ModelID: f.ModelID,
 		InputTokens: f.InputTokens, OutputTokens: f.OutputTokens, Parts: f.Parts, TenantID: f.TenantID}

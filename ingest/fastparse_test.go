@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/fastjson"
 )
 
@@ -156,6 +157,32 @@ func TestFastParserKnowsEveryField(t *testing.T) {
 			t.Errorf("fastjson.Fields names %q, but the fast parser leaves %s to the decoder", name, body)
 		}
 		checkFastEvent(t, []byte(body))
+	}
+}
+
+// TestFastEventFieldsAreEventFields: every field of fastjson.Event is a
+// field of Event of the same type, and setFromFast copies it.
+func TestFastEventFieldsAreEventFields(t *testing.T) {
+	t.Parallel()
+	rid, id, n := "r", fastTenant, int64(7)
+	f := fastjson.Event{RequestID: &rid, Timestamp: fastNow, UserID: "u", ModelID: "m", InputTokens: 1, OutputTokens: 2,
+		Parts: overage.TokenParts{CacheRead: &n, CacheWrite: &n, Reasoning: &n}, TenantID: &id}
+	var ev Event
+	setFromFast(&ev, &f)
+	fv, ev2 := reflect.ValueOf(f), reflect.ValueOf(ev)
+	for i := range fv.NumField() {
+		field := fv.Type().Field(i)
+		if fv.Field(i).IsZero() {
+			t.Errorf("fastjson.Event.%s: give it a value in this test", field.Name)
+		}
+		mine, ok := reflect.TypeFor[Event]().FieldByName(field.Name)
+		if !ok || mine.Type != field.Type {
+			t.Errorf("fastjson.Event.%s (%s) has no field of that name and type in Event", field.Name, field.Type)
+			continue
+		}
+		if !reflect.DeepEqual(ev2.FieldByName(field.Name).Interface(), fv.Field(i).Interface()) {
+			t.Errorf("setFromFast does not copy %s", field.Name)
+		}
 	}
 }
 
