@@ -92,6 +92,11 @@ type UsageLog struct {
 	// CorrectedBy is who made a correction: the id of the tenant's API
 	// key, or "admin" (ADMIN_TOKEN, the CLI). Shown on corrections only.
 	CorrectedBy *string `json:"corrected_by,omitempty"`
+	// StripeTimestamp is which time its meter events carry: "usage" (its
+	// usage timestamp) or "reported" (the time its report was formed; its
+	// period was closed then). Decided when its report is formed; before
+	// that, and in ingest's answer, whether its period is closed now.
+	StripeTimestamp string `json:"stripe_timestamp,omitempty"`
 	// CorrectedTotals and Corrections are shown on a read of a usage log
 	// (not a correction): its tokens plus its corrections', and those.
 	CorrectedTotals *Overage   `json:"corrected_totals,omitempty"`

@@ -67,6 +67,10 @@ type Server struct {
 	metricsPool *pgxpool.Pool
 	ownsPool    bool
 	riverUI     *riverui.Handler
+	// uiLog is River UI's log: it is closed when Run returns, because River
+	// UI's background queries stop on their own after the context ends and
+	// may still log, and nothing may write to a caller's log afterwards.
+	uiLog *closableHandler
 	// Registry is the one /metrics serves; `overage dev` adds its workers'.
 	Registry *prometheus.Registry
 	// Ingest is the service behind POST /v1/usage-events.
@@ -135,8 +139,9 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 		return nil, fmt.Errorf("LISTEN_ADDR=%s: %w", cfg.ListenAddr, err)
 	}
 	reg := NewRegistry(metricsPool, logger)
+	uiLog := newClosableHandler(logger.Handler())
 	ui, err := riverui.NewHandler(&riverui.HandlerOpts{
-		Endpoints: riverui.NewEndpoints(rc, nil), Logger: logger, Prefix: "/riverui",
+		Endpoints: riverui.NewEndpoints(rc, nil), Logger: slog.New(uiLog), Prefix: "/riverui",
 	})
 	if err != nil {
 		_ = ln.Close()
@@ -168,7 +173,7 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 		AdminToken: cfg.AdminToken,
 	})
 	return &Server{
-		pool: pool, adminPool: adminPool, metricsPool: metricsPool, ln: ln, logger: logger, riverUI: ui, Registry: reg, Ingest: svc, River: rc,
+		pool: pool, adminPool: adminPool, metricsPool: metricsPool, ln: ln, logger: logger, riverUI: ui, uiLog: uiLog, Registry: reg, Ingest: svc, River: rc,
 		http: &http.Server{
 			Handler:           withDeadlines(handler),
 			ReadHeaderTimeout: ReadHeaderTimeout,
@@ -188,6 +193,7 @@ func (s *Server) Addr() string { return s.ln.Addr().String() }
 // Run serves until ctx is done, then stops taking requests and lets the
 // in-flight ones finish.
 func (s *Server) Run(ctx context.Context) error {
+	defer s.uiLog.close()
 	if err := s.riverUI.Start(ctx); err != nil {
 		return fmt.Errorf("start river ui: %w", err)
 	}

@@ -76,5 +76,6 @@ func WorkersConfig(cfg *Config, logger *slog.Logger, stripe stripeclient.Sender)
 		BatchDelay:        cfg.ReportBatchDelay,
 		BatchMax:          cfg.ReportBatchMax,
 		StreamIdleTimeout: cfg.StreamIdleTimeout,
+		PeriodCloseGrace:  cfg.PeriodCloseGrace,
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/httpx"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Corrections. Usage recorded wrongly is never edited: a correction is a
@@ -58,7 +59,7 @@ const CorrectedByAdmin = "admin"
 // DefaultPeriodCloseGrace is PERIOD_CLOSE_GRACE's default: how long after
 // a billing period ends Stripe still takes usage for it, and a tenant's key
 // may still correct it.
-const DefaultPeriodCloseGrace = time.Hour
+const DefaultPeriodCloseGrace = usagelog.DefaultPeriodCloseGrace
 
 // SetPeriodCloseGrace sets PERIOD_CLOSE_GRACE (d > 0): a period that ended
 // longer ago than d is closed, and only an administrator corrects its logs.
@@ -81,7 +82,10 @@ type CorrectParams struct {
 	Fingerprint  []byte
 	InputTokens  int64
 	OutputTokens int64
-	Reason       string
+	// Parts are the corrected parts given (nil: keep the original's, cut
+	// to fit the corrected totals).
+	Parts  overage.TokenParts
+	Reason string
 }
 
 // correctionResponse is the JSON of a correction's answer.
@@ -145,7 +149,12 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 		cur.OutputTokens += c.OutputTokens
 	}
 	delta := overage.Overage{InputTokens: p.InputTokens - cur.InputTokens, OutputTokens: p.OutputTokens - cur.OutputTokens}
-	if delta.InputTokens == 0 && delta.OutputTokens == 0 {
+	cat, err := s.meters.Knowing(ctx, tx, nil)
+	if err != nil {
+		return nil, err
+	}
+	lines := correctionLines(cat, orig, earlier, p.InputTokens, p.OutputTokens, p.Parts)
+	if delta.InputTokens == 0 && delta.OutputTokens == 0 && !billableTokens(lines) {
 		return nil, overage.Invalid([]overage.FieldError{{Field: fieldInputTokens, Detail: "equals the current totals: nothing to correct"}},
 			"usage log %s already totals %d input and %d output tokens: nothing to correct", orig.ID, cur.InputTokens, cur.OutputTokens)
 	}
@@ -157,11 +166,7 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	if err != nil {
 		return nil, err
 	}
-	cat, err := s.meters.Knowing(ctx, tx, nil)
-	if err != nil {
-		return nil, err
-	}
-	c.lines = correctionLines(cat, orig, earlier, p.InputTokens, p.OutputTokens)
+	c.lines = lines
 	if err := c.compute(ctx, tx, cat); err != nil {
 		return nil, err
 	}
@@ -193,14 +198,9 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 	mayCloseOld bool, grace time.Duration) (*deltaLog, string, error) {
 	var period, nowPeriod, now time.Time
 	var closed bool
-	// Closed: the period holding now() - grace began after the log's (so
-	// the log's ended more than grace ago), or the subscription period the
-	// log is in is known to have ended more than grace ago (a cancelled
-	// subscription's last period, which no later one follows).
+	// Closed: usagelog.PeriodClosedSQL, the one rule.
 	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`,
-			`+periodOfSQL("(now() - make_interval(secs => $3))")+` > u.period_start
-			OR EXISTS (SELECT 1 FROM tenant_subscriptions s WHERE s.tenant_id = $1 AND s.current_period_start = u.period_start
-				AND s.current_period_end < now() - make_interval(secs => $3)),
+			`+usagelog.PeriodClosedSQL("$1", "u.period_start", "$3")+`,
 			now()
 		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID, grace.Seconds()).Scan(&period, &nowPeriod, &closed, &now); err != nil {
 		return nil, "", fmt.Errorf("read the period of %s: %w", orig.ID, err)
@@ -219,6 +219,11 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 		ID: id, TenantID: orig.TenantID, Timestamp: orig.Timestamp, UserID: orig.UserID, ModelID: orig.ModelID,
 		InputTokens: delta.InputTokens, OutputTokens: delta.OutputTokens,
 		Kind: overage.KindCorrection, Corrects: &orig.ID, Reason: &reason, CorrectedBy: &by,
+		StripeTimestamp: usagelog.TimestampUsage,
+	}
+	if closed {
+		// Its report is formed after now, its period closed for good.
+		l.StripeTimestamp = usagelog.TimestampReported
 	}
 	basis := TimestampOriginal
 	if !nowPeriod.UTC().Equal(period.UTC()) || orig.Timestamp.Before(now.Add(-maxEventAge+stripeTimestampMargin)) {
@@ -238,11 +243,7 @@ func (s *Service) closeGrace() time.Duration {
 // periodOfSQL is the SQL of the allowance period start of the tenant $1 at
 // the instant ts: its Stripe subscription period covering ts when the
 // webhooks told us one, else ts's calendar month in UTC (as periodsSQL).
-func periodOfSQL(ts string) string {
-	return `coalesce((SELECT s.current_period_start FROM tenant_subscriptions s
-		WHERE s.tenant_id = $1 AND s.current_period_start <= ` + ts + ` AND ` + ts + ` < s.current_period_end
-		ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', ` + ts + `, 'UTC'))`
-}
+func periodOfSQL(ts string) string { return usagelog.PeriodOfSQL("$1", ts) }
 
 // keyClaim is an idempotency key taken by a transaction outside the
 // pipelined ingest path (corrections, stream checkpoints).
@@ -441,21 +442,39 @@ func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20)`,
+				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by, stripe_timestamp)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20,
+				CASE WHEN $21 THEN 'reported' END)`,
 			l.ID, tenantID, l.RequestID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, d.period,
 			d.split[0].Overage, d.split[1].Overage, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID,
-			keys, tokens, over, l.CorrectedBy); err != nil {
+			keys, tokens, over, l.CorrectedBy, l.StripeTimestamp == usagelog.TimestampReported); err != nil {
 			return fmt.Errorf("write usage log: %w", err)
 		}
 	}
 	return nil
 }
 
-// deltaLines routes a change of an event of model's totals with no parts
-// (a stream's increase or decrease) to meters with cat.
-func deltaLines(cat *overage.Catalog, model string, in, out int64) []overage.MeterTokens {
-	return nonZeroExtras(cat.Route(model).Lines(overage.Amounts(in, out, overage.TokenParts{})))
+// meterDeltas is, per meter, target less have: the meters of target in its
+// order (the default meters first), then the meters only have names — a
+// share given back — in key order.
+func meterDeltas(target []overage.MeterTokens, have map[string]int64) []overage.MeterTokens {
+	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
+	seen := map[string]bool{}
+	for _, t := range target {
+		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
+		seen[t.Meter] = true
+	}
+	var gone []string
+	for k := range have {
+		if !seen[k] {
+			gone = append(gone, k)
+		}
+	}
+	slices.Sort(gone)
+	for _, k := range gone {
+		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
+	}
+	return lines
 }
 
 func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
@@ -474,7 +493,7 @@ func nonZeroExtras(lines []overage.MeterTokens) []overage.MeterTokens {
 // totals keep orig's reported parts, cut to fit the new totals, so a
 // correction that voids a log takes back every meter's share, and one that
 // changes output leaves input's meters alone.
-func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage.UsageLog, in, out int64) []overage.MeterTokens {
+func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage.UsageLog, in, out int64, given overage.TokenParts) []overage.MeterTokens {
 	parts := overage.TokenParts{}
 	clip := func(p *int64, room int64) *int64 {
 		if p == nil {
@@ -484,12 +503,21 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 		return &v
 	}
 	parts.CacheRead = clip(orig.CacheRead, in)
+	if given.CacheRead != nil {
+		parts.CacheRead = given.CacheRead
+	}
 	var read int64
 	if parts.CacheRead != nil {
 		read = *parts.CacheRead
 	}
 	parts.CacheWrite = clip(orig.CacheWrite, in-read)
+	if given.CacheWrite != nil {
+		parts.CacheWrite = clip(given.CacheWrite, in-read)
+	}
 	parts.Reasoning = clip(orig.Reasoning, out)
+	if given.Reasoning != nil {
+		parts.Reasoning = given.Reasoning
+	}
 	target := cat.Route(orig.ModelID).Lines(overage.Amounts(in, out, parts))
 	have := map[string]int64{}
 	for _, ln := range orig.Meters {
@@ -500,24 +528,7 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 			have[ln.Meter] += ln.Tokens
 		}
 	}
-	lines := make([]overage.MeterTokens, 0, len(target)+len(have))
-	seen := map[string]bool{}
-	for _, t := range target {
-		lines = append(lines, overage.MeterTokens{Meter: t.Meter, Tokens: t.Tokens - have[t.Meter]})
-		seen[t.Meter] = true
-	}
-	// Meters orig fed that the corrected totals no longer route to give
-	// their share back.
-	var gone []string
-	for k := range have {
-		if !seen[k] {
-			gone = append(gone, k)
-		}
-	}
-	slices.Sort(gone)
-	for _, k := range gone {
-		lines = append(lines, overage.MeterTokens{Meter: k, Tokens: -have[k]})
-	}
+	lines := meterDeltas(target, have)
 	return nonZeroExtras(lines)
 }
 
@@ -564,19 +575,20 @@ func (s *Service) withCorrections(ctx context.Context, l *overage.UsageLog) erro
 	return nil
 }
 
-var knownCorrectionFields = map[string]bool{"input_tokens": true, "output_tokens": true, "reason": true}
+var knownCorrectionFields = map[string]bool{"input_tokens": true, "output_tokens": true, "reason": true,
+	fieldCacheRead: true, fieldCacheWrite: true, fieldReasoning: true}
 
 // maxReasonLen bounds a correction's reason, which operators read.
 const maxReasonLen = 1000
 
 // parseCorrection decodes and validates a correction body.
-func parseCorrection(body []byte) (in, out int64, reason string, err error) {
+func parseCorrection(body []byte) (in, out int64, parts overage.TokenParts, reason string, err error) {
 	raw, err := decodeObject(body, "the body must be a JSON object")
 	if err != nil {
-		return 0, 0, "", err
+		return 0, 0, parts, "", err
 	}
 	if err := refuseUnknown(raw, func(k string) bool { return knownCorrectionFields[k] }); err != nil {
-		return 0, 0, "", err
+		return 0, 0, parts, "", err
 	}
 	var fields []overage.FieldError
 	tokens := func(name string) int64 {
@@ -597,6 +609,28 @@ func parseCorrection(body []byte) (in, out int64, reason string, err error) {
 		return n
 	}
 	in, out = tokens(fieldInputTokens), tokens("output_tokens")
+	// The corrected parts, optional: those not given keep the original's
+	// (cut to fit the corrected totals).
+	part := func(name string) *int64 {
+		if v, ok := raw[name]; !ok || string(v) == "null" {
+			return nil
+		}
+		n := tokens(name)
+		return &n
+	}
+	parts = overage.TokenParts{CacheRead: part(fieldCacheRead), CacheWrite: part(fieldCacheWrite), Reasoning: part(fieldReasoning)}
+	if len(fields) == 0 {
+		if c := parts.Input(); c > in {
+			name := fieldCacheWrite
+			if parts.CacheWrite == nil {
+				name = fieldCacheRead
+			}
+			fields = append(fields, overage.FieldError{Field: name, Detail: fmt.Sprintf("makes %d cached input tokens, more than input_tokens (%d), which includes them", c, in)})
+		}
+		if parts.Reasoning != nil && *parts.Reasoning > out {
+			fields = append(fields, overage.FieldError{Field: fieldReasoning, Detail: fmt.Sprintf("is %d, more than output_tokens (%d), which includes it", *parts.Reasoning, out)})
+		}
+	}
 	if v, ok := raw["reason"]; !ok || string(v) == "null" {
 		fields = append(fields, overage.FieldError{Field: "reason", Detail: "is required"})
 	} else if err := json.Unmarshal(v, &reason); err != nil {
@@ -605,9 +639,9 @@ func parseCorrection(body []byte) (in, out int64, reason string, err error) {
 		fields = append(fields, overage.FieldError{Field: "reason", Detail: fmt.Sprintf("must be 1 to %d characters, not blank, without NUL", maxReasonLen)})
 	}
 	if len(fields) > 0 {
-		return 0, 0, "", overage.Invalid(fields, "the correction is invalid: %s", describe(fields))
+		return 0, 0, parts, "", overage.Invalid(fields, "the correction is invalid: %s", describe(fields))
 	}
-	return in, out, reason, nil
+	return in, out, parts, reason, nil
 }
 
 func (h *Handler) createCorrection(w http.ResponseWriter, r *http.Request) {
@@ -634,7 +668,7 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 	if err != nil {
 		return nil, overage.NotFound("usage log %q not found", chi.URLParam(r, "id"))
 	}
-	in, out, reason, err := parseCorrection(body)
+	in, out, parts, reason, err := parseCorrection(body)
 	if err != nil {
 		return nil, err
 	}
@@ -650,7 +684,7 @@ func (h *Handler) correct(r *http.Request) (*Outcome, error) {
 		defer release()
 	}
 	return h.svc.Correct(r.Context(), CorrectParams{TenantID: tenantID, KeyID: keyID, UsageLogID: logID, Key: key, Fingerprint: fp,
-		InputTokens: in, OutputTokens: out, Reason: reason})
+		InputTokens: in, OutputTokens: out, Parts: parts, Reason: reason})
 }
 
 // CorrectionFingerprint is the fingerprint of the HTTP request that asks

@@ -185,12 +185,8 @@ func parseEventViaDecoder(body []byte, now time.Time) (*Event, error) {
 		}
 	}
 	if v, ok := raw["stream"]; ok && string(v) != "null" {
+		// The parts, like the totals, are the stream's so far (cumulative).
 		ev.Stream = parseStream(v, bad)
-		for _, name := range []string{fieldCacheRead, fieldCacheWrite, fieldReasoning} {
-			if v, ok := raw[name]; ok && string(v) != "null" {
-				bad(name, "is not taken on stream checkpoints yet: report the stream's totals without it")
-			}
-		}
 		if ev.RequestID == nil && raw["request_id"] == nil {
 			bad("request_id", "is required for a stream checkpoint")
 		}

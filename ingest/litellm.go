@@ -58,7 +58,56 @@ type litellmPayload struct {
 	Metadata         struct {
 		UserAPIKeyUserID *string `json:"user_api_key_user_id"`
 		UserAPIKeyTeamID *string `json:"user_api_key_team_id"`
+		// UsageObject is the call's usage as LiteLLM normalised it (an
+		// OpenAI usage object): its cached and reasoning counts.
+		UsageObject *litellmUsage `json:"usage_object"`
 	} `json:"metadata"`
+}
+
+// litellmUsage is the part of LiteLLM's usage object with the parts of
+// the totals: cache reads as OpenAI reports them
+// (prompt_tokens_details.cached_tokens) or as Anthropic does
+// (cache_read_input_tokens), cache writes (cache_creation_input_tokens),
+// reasoning (completion_tokens_details.reasoning_tokens).
+type litellmUsage struct {
+	CacheRead           *int64 `json:"cache_read_input_tokens"`
+	CacheCreation       *int64 `json:"cache_creation_input_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens *int64 `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	CompletionTokensDetails *struct {
+		ReasoningTokens *int64 `json:"reasoning_tokens"`
+	} `json:"completion_tokens_details"`
+}
+
+// parts are the usage object's parts of the totals in and out. A count
+// that is negative or does not fit in its total is left out rather than
+// refusing the call: LiteLLM's normalisation differs by provider and
+// version, and the totals are what the call is billed by anyway.
+func (u *litellmUsage) parts(in, out int64) (read, write, reasoning *int64) {
+	if u == nil {
+		return nil, nil, nil
+	}
+	read = u.CacheRead
+	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil && *d.CachedTokens > 0 {
+		read = d.CachedTokens
+	}
+	write = u.CacheCreation
+	if d := u.CompletionTokensDetails; d != nil {
+		reasoning = d.ReasoningTokens
+	}
+	fits := func(p *int64, room int64) *int64 {
+		if p == nil || *p <= 0 || *p > room {
+			return nil
+		}
+		return p
+	}
+	read = fits(read, in)
+	room := in
+	if read != nil {
+		room -= *read
+	}
+	return read, fits(write, room), fits(reasoning, out)
 }
 
 // litellmEvent is the usage event made of one payload, in the batch
@@ -70,6 +119,9 @@ type litellmEvent struct {
 	ModelID      string          `json:"model_id"`
 	InputTokens  json.RawMessage `json:"input_tokens"`
 	OutputTokens json.RawMessage `json:"output_tokens"`
+	CacheRead    *int64          `json:"cache_read_input_tokens,omitempty"`
+	CacheWrite   *int64          `json:"cache_creation_input_tokens,omitempty"`
+	Reasoning    *int64          `json:"reasoning_output_tokens,omitempty"`
 }
 
 // litellmFields names, for an event field, the payload field it came from.
@@ -163,6 +215,13 @@ func litellmEvents(body []byte) ([]litellmEvent, []int, error) {
 		}
 		ev := litellmEvent{RequestID: p.ID, ModelID: p.Model, UserID: litellmUser(p),
 			InputTokens: orZero(p.PromptTokens), OutputTokens: orZero(p.CompletionTokens)}
+		// The parts only when the totals are plain integers; anything else
+		// is refused below by the batch's own checks, naming the field.
+		if in, err := strconv.ParseInt(string(ev.InputTokens), 10, 64); err == nil {
+			if out, err := strconv.ParseInt(string(ev.OutputTokens), 10, 64); err == nil {
+				ev.CacheRead, ev.CacheWrite, ev.Reasoning = p.Metadata.UsageObject.parts(in, out)
+			}
+		}
 		if at := p.EndTime; at != nil || p.StartTime != nil {
 			if at == nil {
 				at = p.StartTime

@@ -168,3 +168,49 @@ func TestLiteLLMRefusals(t *testing.T) {
 		t.Fatalf("a refused delivery stored %d logs", n)
 	}
 }
+
+// The cached and reasoning counts of LiteLLM's usage object become the
+// event's parts — OpenAI's shape (prompt_tokens_details.cached_tokens,
+// completion_tokens_details.reasoning_tokens) and Anthropic's
+// (cache_read_input_tokens, cache_creation_input_tokens) — and a count
+// that does not fit in its total is left out, not refused.
+func TestLiteLLMUsageObjectPartsAreRecorded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var payloads []map[string]any
+	if err := json.Unmarshal([]byte(litellmDelivery(t, 0, 2)), &payloads); err != nil {
+		t.Fatal(err)
+	}
+	usage := func(p map[string]any, u map[string]any) {
+		md, _ := p["metadata"].(map[string]any)
+		if md == nil {
+			md = map[string]any{}
+			p["metadata"] = md
+		}
+		md["usage_object"] = u
+	}
+	usage(payloads[0], map[string]any{"prompt_tokens_details": map[string]any{"cached_tokens": 1024},
+		"completion_tokens_details": map[string]any{"reasoning_tokens": 100}})
+	usage(payloads[1], map[string]any{"cache_read_input_tokens": 2000, "cache_creation_input_tokens": 100,
+		"completion_tokens_details": map[string]any{"reasoning_tokens": 999}}) // 999 > 150 output: left out
+	body, err := json.Marshal(payloads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := b.postLiteLLM(t, b.alice.APIKey, string(body))
+	requireStatus(t, r, http.StatusAccepted)
+	evs := batchEvents(t, r)
+	if len(evs) != 2 {
+		t.Fatalf("answer %s", r.body)
+	}
+	for i, want := range []map[string]any{
+		{"cache_read_input_tokens": 1024.0, "reasoning_output_tokens": 100.0},
+		{"cache_read_input_tokens": 2000.0, "cache_creation_input_tokens": 100.0},
+	} {
+		for _, k := range []string{"cache_read_input_tokens", "cache_creation_input_tokens", "reasoning_output_tokens"} {
+			if evs[i][k] != want[k] {
+				t.Fatalf("event %d %s = %v, want %v: %v", i, k, evs[i][k], want[k], evs[i])
+			}
+		}
+	}
+}

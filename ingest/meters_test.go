@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 
@@ -276,4 +277,103 @@ func TestCorrectionsMoveEachMetersShare(t *testing.T) {
 	if tot := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1`, b.alice.ID); tot != 0 {
 		t.Fatalf("cache_reads period total %d after voiding, want 0", tot)
 	}
+}
+
+// A stream whose cached input grows: each checkpoint puts on each meter
+// its cumulative share less what the stream's logs put there so far, so a
+// growing cache share moves tokens from the input meter to the cache
+// meter, and after the final checkpoint every meter holds the stream's
+// last totals routed — billed once.
+func TestStreamsWhoseCacheCountsGrowBillEachMeterItsShare(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createMeters(t, meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
+	checkpoint := func(seq int, final bool, in, read, out int) response {
+		t.Helper()
+		body := fmt.Sprintf(`{"request_id":"stream-1","user_id":"u","model_id":"gpt-4o","input_tokens":%d,"cache_read_input_tokens":%d,"output_tokens":%d,"stream":{"sequence":%d,"final":%t}}`,
+			in, read, out, seq, final)
+		r := b.post(t, b.alice.APIKey, fmt.Sprintf("cp-%d", seq), body)
+		if r.status != http.StatusAccepted && r.status != http.StatusOK {
+			t.Fatalf("checkpoint %d: %d %s", seq, r.status, r.body)
+		}
+		return r
+	}
+	perMeter := func() map[string]int64 {
+		t.Helper()
+		out := map[string]int64{}
+		rows, err := b.pool.Query(context.Background(), `
+			SELECT 'output', output_tokens FROM usage_logs WHERE stream_request_id = 'stream-1'
+			UNION ALL SELECT x.k, x.t FROM usage_logs, unnest(meter_keys, meter_tokens) AS x (k, t) WHERE stream_request_id = 'stream-1'
+			UNION ALL SELECT 'all_input', input_tokens FROM usage_logs WHERE stream_request_id = 'stream-1'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var k string
+			var n int64
+			if err := rows.Scan(&k, &n); err != nil {
+				t.Fatal(err)
+			}
+			out[k] += n
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		out["input"] = out["all_input"] - out["cache_reads"]
+		delete(out, "all_input")
+		return out
+	}
+	checkpoint(1, false, 100, 0, 10)
+	if got := perMeter(); got["input"] != 100 || got["cache_reads"] != 0 || got["output"] != 10 {
+		t.Fatalf("after checkpoint 1: %v", got)
+	}
+	// The cache share grows faster than the input: the input meter gives
+	// back 20 while the totals only grow.
+	checkpoint(2, false, 150, 70, 20)
+	if got := perMeter(); got["input"] != 80 || got["cache_reads"] != 70 || got["output"] != 20 {
+		t.Fatalf("after checkpoint 2: %v, want input 80, cache_reads 70, output 20", got)
+	}
+	// A replayed checkpoint changes nothing.
+	checkpoint(2, false, 150, 70, 20)
+	checkpoint(3, true, 160, 90, 25)
+	if got := perMeter(); got["input"] != 70 || got["cache_reads"] != 90 || got["output"] != 25 {
+		t.Fatalf("after the final checkpoint: %v, want input 70, cache_reads 90, output 25", got)
+	}
+	// The period totals hold the same.
+	if n := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1 AND meter = 'cache_reads'`, b.alice.ID); n != 90 {
+		t.Fatalf("cache_reads period total %d, want 90", n)
+	}
+	if n := b.count(t, `SELECT coalesce(sum(input_tokens), 0) FROM allowance_usage WHERE tenant_id = $1`, b.alice.ID); n != 70 {
+		t.Fatalf("input meter's period total %d, want 70", n)
+	}
+}
+
+// A correction may give the corrected parts: with the same totals and
+// fewer cached tokens it moves tokens from the cache meter to the input
+// meter; a part above its total is 422 naming it.
+func TestCorrectionWithCorrectedPartsMovesTokensBetweenMeters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createMeters(t, meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
+	r := b.post(t, b.alice.APIKey, "e1", partsEvent("gpt-4o", 100, 60, 0, 50, 0))
+	requireStatus(t, r, http.StatusAccepted)
+	var l overage.UsageLog
+	if err := json.Unmarshal(r.body, &l); err != nil {
+		t.Fatal(err)
+	}
+	path := "/v1/usage-events/" + l.ID.String() + "/corrections"
+	bad := b.do(t, http.MethodPost, path, b.alice.APIKey, "c0", `{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":101,"reason":"x"}`)
+	requireProblem(t, bad, http.StatusUnprocessableEntity, "validation-failed")
+	if !strings.Contains(string(bad.body), `"cache_read_input_tokens"`) {
+		t.Fatalf("the problem does not name the part: %s", bad.body)
+	}
+	c := b.do(t, http.MethodPost, path, b.alice.APIKey, "c1", `{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":20,"reason":"the cache hit less"}`)
+	requireStatus(t, c, http.StatusAccepted)
+	lines := meterLines(t, c.body)
+	if lines["input"].Tokens != 40 || lines["cache_reads"].Tokens != -40 || lines["input"].Overage != 40 || lines["cache_reads"].Overage != -40 {
+		t.Fatalf("correction lines %+v, want input +40 and cache_reads -40", lines)
+	}
+	// Correcting to what it already is: nothing to correct.
+	same := b.do(t, http.MethodPost, path, b.alice.APIKey, "c2", `{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":20,"reason":"again"}`)
+	requireProblem(t, same, http.StatusUnprocessableEntity, "validation-failed")
 }

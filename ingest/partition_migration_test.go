@@ -26,7 +26,7 @@ func TestPartitioningMigrationUnderIngest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := pgtest.NewEmptyPool(t)
-	if _, err := migrations.MigrateUpTo(ctx, pool, nil, 24, 30, 31); err != nil {
+	if _, err := migrations.MigrateUpTo(ctx, pool, nil, 24, 30, 31, 38); err != nil {
 		t.Fatal(err)
 	}
 	tenant := uuid.New()

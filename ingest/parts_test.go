@@ -11,7 +11,7 @@ import (
 // The optional parts of the totals (cached input read and written,
 // reasoning) are taken on single events and batches, recorded on the log,
 // shown in the answer and on a read, and replayed byte for byte; a part
-// larger than its total is 422 naming it; checkpoints refuse them for now.
+// larger than its total is 422 naming it, on checkpoints too.
 func TestTokenPartsAreRecordedAndChecked(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -48,7 +48,7 @@ func TestTokenPartsAreRecordedAndChecked(t *testing.T) {
 		{`{"user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1,"cache_read_input_tokens":6,"cache_creation_input_tokens":5}`, "cache_creation_input_tokens"},
 		{`{"user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1,"reasoning_output_tokens":2}`, "reasoning_output_tokens"},
 		{`{"user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1,"reasoning_output_tokens":-1}`, "reasoning_output_tokens"},
-		{`{"request_id":"s1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1,"cache_read_input_tokens":1,"stream":{"sequence":1,"final":false}}`, "cache_read_input_tokens"},
+		{`{"request_id":"s1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":1,"cache_read_input_tokens":11,"stream":{"sequence":1,"final":false}}`, "cache_read_input_tokens"},
 	} {
 		r := b.post(t, b.alice.APIKey, "bad-"+c.field+c.body[len(c.body)-20:], c.body)
 		if r.status != http.StatusUnprocessableEntity && r.status != http.StatusBadRequest {

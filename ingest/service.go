@@ -26,6 +26,7 @@ import (
 	"github.com/overage-billing/overage/internal/fastjson"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // KeyTTL is how long an idempotency record is kept and replayed. It is
@@ -281,7 +282,7 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	}
 	defer tx.release(context.WithoutCancel(ctx))
 
-	st, err := readState(ctx, tx, g, slot, cat)
+	st, err := readState(ctx, tx, g, slot, cat, s.closeGrace())
 	if err != nil {
 		return nil, err
 	}
@@ -406,9 +407,16 @@ type state struct {
 	catalog        *overage.Catalog
 	catalogVersion int64
 	routes         map[string]overage.Routing
+	// closed holds the periods closed when the transaction read them
+	// (usagelog.PeriodClosedSQL): their new logs answer "reported".
+	closed map[time.Time]bool
 }
 
-const periodsSQL = `
+// closedStartSQL: the period d.start of the tenant $1 is closed, $3 being
+// PERIOD_CLOSE_GRACE in seconds (usagelog.PeriodClosedSQL).
+var closedStartSQL = usagelog.PeriodClosedSQL("$1", "d.start", "$3")
+
+var periodsSQL = `
 	WITH ev AS (
 		SELECT e.ts, e.ord FROM unnest($2::timestamptz[]) WITH ORDINALITY AS e (ts, ord)
 	), p AS (
@@ -418,13 +426,15 @@ const periodsSQL = `
 			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', ev.ts, 'UTC')) AS start
 		FROM ev
 	), tot AS (
-		SELECT d.start, coalesce(sum(a.input_tokens), 0)::bigint AS i, coalesce(sum(a.output_tokens), 0)::bigint AS o
+		SELECT d.start, coalesce(sum(a.input_tokens), 0)::bigint AS i, coalesce(sum(a.output_tokens), 0)::bigint AS o,
+			` + closedStartSQL + ` AS closed
 		FROM (SELECT DISTINCT start FROM p) d
 		LEFT JOIN allowance_usage a ON a.tenant_id = $1 AND a.period_start = d.start
 		GROUP BY d.start
 	)
 	SELECT p.start, tot.i, tot.o, t.included_input_tokens, t.included_output_tokens, now(),
-		CASE WHEN p.ord = 1 THEN t.included_meters END, CASE WHEN p.ord = 1 THEN (SELECT version FROM meter_catalog) END
+		CASE WHEN p.ord = 1 THEN t.included_meters END, CASE WHEN p.ord = 1 THEN (SELECT version FROM meter_catalog) END,
+		tot.closed
 	FROM p JOIN tot ON tot.start = p.start CROSS JOIN tenants t
 	WHERE t.id = $1
 	ORDER BY p.ord`
@@ -435,9 +445,10 @@ const periodsSQL = `
 // The period of a usage timestamp is the tenant's Stripe subscription
 // period covering it when the webhooks told us one (tenant_subscriptions),
 // else its calendar month in UTC.
-func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overage.Catalog) (*state, error) {
+func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overage.Catalog, grace time.Duration) (*state, error) {
 	st := &state{slot: slot, recs: map[string]storedResponse{}, earlier: map[string]*overage.UsageLog{},
-		totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}, extra: extraTotals{}, catalog: cat}
+		totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}, extra: extraTotals{}, catalog: cat,
+		closed: map[time.Time]bool{}}
 	var rids pgArray[pgString]
 	ts := make(pgArray[pgTimestamptz], len(g.events))
 	for i, ev := range g.events {
@@ -465,7 +476,7 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 	if len(rids) > 0 {
 		b.Queue(logsByRequestIDSQL, pgUUID(g.tenantID), rids)
 	}
-	b.Queue(periodsSQL, pgUUID(g.tenantID), ts)
+	b.Queue(periodsSQL, pgUUID(g.tenantID), ts, grace.Seconds())
 	if cat.Extra() {
 		b.Queue(extraTotalsSQL, pgUUID(g.tenantID), ts)
 		st.extraRead = true
@@ -527,10 +538,11 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 	var tot overage.Overage
 	var version *int64
 	var included map[string]int64
+	var closed bool
 	st.periods = make([]time.Time, 0, len(g.events))
 	for rows.Next() {
 		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
-			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now, &included, &version); err != nil {
+			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now, &included, &version, &closed); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("read allowance periods: %w", err)
 		}
@@ -539,6 +551,9 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 			st.catalogVersion, st.included, version = *version, included, nil
 		}
 		st.periods = append(st.periods, start)
+		if closed {
+			st.closed[start] = true
+		}
 		if _, ok := st.totals[start]; !ok {
 			t := tot
 			st.totals[start] = &t
@@ -750,10 +765,14 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		*l = overage.UsageLog{
 			ID: id, TenantID: g.tenantID, RequestID: ev.RequestID, Timestamp: ev.Timestamp,
 			UserID: ev.UserID, ModelID: ev.ModelID, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens,
-			TokenParts:    ev.Parts,
-			BillingStatus: overage.BillingStatusNotBillable,
-			CreatedAt:     st.now,
-			Kind:          overage.KindUsage,
+			TokenParts:      ev.Parts,
+			BillingStatus:   overage.BillingStatusNotBillable,
+			CreatedAt:       st.now,
+			Kind:            overage.KindUsage,
+			StripeTimestamp: usagelog.TimestampUsage,
+		}
+		if st.closed[p] {
+			l.StripeTimestamp = usagelog.TimestampReported
 		}
 		if billable(lines) {
 			l.BillingStatus = overage.BillingStatusPending
@@ -827,6 +846,12 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		// event of the transaction reported one.
 		var reads, writes, reasons []*int64
 		var flat flatLines
+		// A log of a period closed now is reported at send time, whenever
+		// its report is formed (closed is for good): recorded as such.
+		closed := make(pgArray[pgTimestamptz], 0, len(st.closed))
+		for p := range st.closed {
+			closed = append(closed, pgTimestamptz(p))
+		}
 		for i, l := range w.logs {
 			flat.add(w.lines[i])
 			ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])
@@ -846,10 +871,10 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
 				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
-				meter_keys, meter_tokens, meter_overage)
+				meter_keys, meter_tokens, meter_overage, stripe_timestamp)
 			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13,
 				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n],
-				x.keys, x.tokens, x.over
+				x.keys, x.tokens, x.over, CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
 			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
 				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[]) WITH ORDINALITY
 				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, n)
@@ -859,7 +884,7 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 				WHERE ($21::int[])[u.n] > 0) AS x ON true
 			ORDER BY u.rid COLLATE "C"`,
 			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons,
-			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count)
+			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count, closed)
 	}
 	n := len(active)
 	keys, fps, statuses, bodies, logIDs := make(pgArray[pgString], n), make([][]byte, n), make([]int32, n), make([][]byte, n), make(pgArray[pgtype.UUID], n)
@@ -1011,7 +1036,12 @@ func renderSingle(results []result) (*Outcome, error) {
 	if r.duplicate {
 		return &Outcome{Status: http.StatusOK, Body: body, Kind: OutcomeDuplicate, UsageLogID: r.log.ID}, nil
 	}
-	return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: r.log.ID, stored: []byte{}}, nil
+	out := &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: r.log.ID, stored: []byte{}}
+	if r.log.StripeTimestamp == usagelog.TimestampReported {
+		// Stored whole: a compact record replays as recorded, "usage".
+		out.stored = nil
+	}
+	return out, nil
 }
 
 // renderBatch answers a batch: 202 with every event's log in request order.
@@ -1033,7 +1063,7 @@ func renderBatch(results []result) (*Outcome, error) {
 		}
 	}
 	out := &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew}
-	if resp.Duplicates == 0 {
+	if resp.Duplicates == 0 && !anyReported(results) {
 		out.stored = make([]byte, 1, 1+16*len(results))
 		out.stored[0] = batchIDsMark
 		for _, r := range results {
@@ -1041,6 +1071,17 @@ func renderBatch(results []result) (*Outcome, error) {
 		}
 	}
 	return out, nil
+}
+
+// anyReported: an answer shows a log of a closed period ("reported"), so it
+// is stored whole, not compact (a compact record replays "usage").
+func anyReported(results []result) bool {
+	for _, r := range results {
+		if r.log.StripeTimestamp == usagelog.TimestampReported {
+			return true
+		}
+	}
+	return false
 }
 
 // lockKey maps (tenant, key) to the 64-bit advisory lock id. A collision
@@ -1156,7 +1197,8 @@ const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_toke
 	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
 	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
-	corrects, correction_reason, meter_keys, meter_tokens, meter_overage, meter_leads, meter_accepted_at, corrected_by`
+	corrects, correction_reason, meter_keys, meter_tokens, meter_overage, meter_leads, meter_accepted_at, corrected_by,
+	coalesce(stripe_timestamp, 'usage')`
 
 func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 	l := &overage.UsageLog{}
@@ -1170,7 +1212,7 @@ func scanLog(row pgx.Row) (*overage.UsageLog, error) {
 		&l.CacheRead, &l.CacheWrite, &l.Reasoning,
 		&l.Overage.InputTokens, &l.Overage.OutputTokens, &l.BillingStatus, &l.BilledAt, &l.CreatedAt,
 		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason,
-		&keys, &tokens, &over, &leads, &accepted, &l.CorrectedBy); err != nil {
+		&keys, &tokens, &over, &leads, &accepted, &l.CorrectedBy, &l.StripeTimestamp); err != nil {
 		return nil, err
 	}
 	lines, err := rowLines(l, inLead, outLead, inAt, outAt, keys, tokens, over, leads, accepted)
@@ -1230,10 +1272,31 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	if err := s.present(ctx, s.pool, l); err != nil {
 		return nil, dbError(err)
 	}
+	if err := s.stripeTimestampNow(ctx, l); err != nil {
+		return nil, dbError(err)
+	}
 	if err := s.withCorrections(ctx, l); err != nil {
 		return nil, dbError(err)
 	}
 	return l, nil
+}
+
+// stripeTimestampNow corrects the StripeTimestamp of a log recorded while
+// its period was open whose reports are not formed yet (stripe_timestamp
+// NULL, read as "usage"): "reported" when its period is closed now.
+func (s *Service) stripeTimestampNow(ctx context.Context, l *overage.UsageLog) error {
+	if l.StripeTimestamp != usagelog.TimestampUsage {
+		return nil
+	}
+	var closed bool
+	if err := s.pool.QueryRow(ctx, `SELECT u.stripe_timestamp IS NULL AND `+usagelog.PeriodClosedSQL("u.tenant_id", "u.period_start", "$2")+`
+		FROM usage_logs u WHERE u.id = $1`, l.ID, s.closeGrace().Seconds()).Scan(&closed); err != nil {
+		return fmt.Errorf("read whether the period of %s is closed: %w", l.ID, err)
+	}
+	if closed {
+		l.StripeTimestamp = usagelog.TimestampReported
+	}
+	return nil
 }
 
 func isRetryable(err error) bool {
@@ -1263,6 +1326,8 @@ func asRecorded(l *overage.UsageLog) *overage.UsageLog {
 	then.BilledAt, then.FirstAttemptAt, then.BillingMessage = nil, nil, nil
 	then.Meters, then.StripeEvents = asRecordedLines(then.Meters)
 	then.CorrectedTotals, then.Corrections = nil, nil
+	// Compact records are kept only of answers that said "usage".
+	then.StripeTimestamp = usagelog.TimestampUsage
 	return &then
 }
 

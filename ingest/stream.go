@@ -15,6 +15,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/httpx"
 	"github.com/overage-billing/overage/internal/page"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 // Streaming responses. A streamed LLM answer is reported as checkpoints:
@@ -198,17 +199,27 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 		}
 	}
 
-	up := overage.Overage{InputTokens: max(0, ev.InputTokens-st.totals.InputTokens), OutputTokens: max(0, ev.OutputTokens-st.totals.OutputTokens)}
-	down := overage.Overage{InputTokens: min(0, ev.InputTokens-st.totals.InputTokens), OutputTokens: min(0, ev.OutputTokens-st.totals.OutputTokens)}
 	var logs []*deltaLog
 	first := st.firstLog
 	cat, err := s.meters.Knowing(ctx, tx, nil)
 	if err != nil {
 		return nil, err
 	}
-	if up.InputTokens != 0 || up.OutputTokens != 0 {
+	// What each meter gets: the cumulative totals (and parts) routed, less
+	// what the stream's logs put on each meter so far. The increases go in
+	// a usage log, the decreases (a final checkpoint lowering a total, or
+	// cached input growing its share) in a correction of the first log.
+	have, err := s.streamMeters(ctx, tx, p.TenantID, rid)
+	if err != nil {
+		return nil, err
+	}
+	upLines, downLines := splitDeltas(cat.Route(ev.ModelID).Lines(overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)), have)
+	up, down := dimensions(cat, upLines), dimensions(cat, downLines)
+	if billableTokens(upLines) {
 		var period time.Time
-		if err := tx.QueryRow(ctx, `SELECT `+periodOfSQL("$2::timestamptz"), p.TenantID, ev.Timestamp).Scan(&period); err != nil {
+		var closed bool
+		if err := tx.QueryRow(ctx, `SELECT p.start, `+usagelog.PeriodClosedSQL("$1", "p.start", "$3")+`
+			FROM (SELECT `+periodOfSQL("$2::timestamptz")+` AS start) p`, p.TenantID, ev.Timestamp, s.closeGrace().Seconds()).Scan(&period, &closed); err != nil {
 			return nil, fmt.Errorf("read allowance period: %w", err)
 		}
 		id, err := uuid.NewV7()
@@ -216,16 +227,18 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 			return nil, fmt.Errorf("usage log id: %w", err)
 		}
 		l := &overage.UsageLog{ID: id, TenantID: p.TenantID, Timestamp: ev.Timestamp, UserID: ev.UserID, ModelID: ev.ModelID,
-			InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage}
+			InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage, StripeTimestamp: usagelog.TimestampUsage}
+		if closed {
+			l.StripeTimestamp = usagelog.TimestampReported
+		}
 		if first == nil {
 			// The stream's first log carries its request_id: a plain event
 			// with it is then a duplicate.
 			l.RequestID, first = &rid, &id
 		}
-		logs = append(logs, &deltaLog{log: l, period: period.UTC(), streamRID: &rid,
-			lines: deltaLines(cat, ev.ModelID, up.InputTokens, up.OutputTokens)})
+		logs = append(logs, &deltaLog{log: l, period: period.UTC(), streamRID: &rid, lines: upLines})
 	}
-	if down.InputTokens != 0 || down.OutputTokens != 0 {
+	if billableTokens(downLines) {
 		// Totals above zero were recorded, so the first log exists.
 		orig, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1 FOR UPDATE`, *st.firstLog))
 		if err != nil {
@@ -244,7 +257,7 @@ func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome,
 			return nil, err
 		}
 		c.streamRID = &rid
-		c.lines = deltaLines(cat, orig.ModelID, down.InputTokens, down.OutputTokens)
+		c.lines = downLines
 		logs = append(logs, c)
 	}
 	for _, d := range logs {
@@ -399,4 +412,75 @@ func (h *Handler) listByRequestID(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	httpx.JSON(w, http.StatusOK, out)
+}
+
+// streamMeters sums, per meter, the tokens the stream's logs (its usage
+// logs and the corrections its final checkpoints made) put on it.
+func (s *Service) streamMeters(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, rid string) (map[string]int64, error) {
+	rows, err := tx.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND stream_request_id = $2`, tenantID, rid)
+	if err != nil {
+		return nil, fmt.Errorf("read the stream's usage logs: %w", err)
+	}
+	logs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*overage.UsageLog, error) { return scanLog(row) })
+	if err != nil {
+		return nil, fmt.Errorf("read the stream's usage logs: %w", err)
+	}
+	if err := s.present(ctx, tx, logs...); err != nil {
+		return nil, err
+	}
+	have := map[string]int64{}
+	for _, l := range logs {
+		for _, ln := range l.Meters {
+			have[ln.Meter] += ln.Tokens
+		}
+	}
+	return have, nil
+}
+
+// splitDeltas is target less have (meterDeltas), split by sign: the
+// increases and the decreases, each with both default meters first (as
+// deltaLog.lines wants) and the other meters that change.
+func splitDeltas(target []overage.MeterTokens, have map[string]int64) (up, down []overage.MeterTokens) {
+	up = []overage.MeterTokens{{Meter: overage.MeterInput}, {Meter: overage.MeterOutput}}
+	down = []overage.MeterTokens{{Meter: overage.MeterInput}, {Meter: overage.MeterOutput}}
+	for _, d := range meterDeltas(target, have) {
+		side := &up
+		if d.Tokens < 0 {
+			side = &down
+		}
+		switch {
+		case d.Tokens == 0:
+		case d.Meter == overage.MeterInput:
+			(*side)[0].Tokens += d.Tokens
+		case d.Meter == overage.MeterOutput:
+			(*side)[1].Tokens += d.Tokens
+		default:
+			*side = append(*side, d)
+		}
+	}
+	return up, down
+}
+
+// dimensions sums lines per dimension, by their meters' token types.
+func dimensions(cat *overage.Catalog, lines []overage.MeterTokens) overage.Overage {
+	var o overage.Overage
+	for _, ln := range lines {
+		m, ok := cat.Meter(ln.Meter)
+		if ok && m.TokenType.Dimension() == overage.DimensionOutput {
+			o.OutputTokens += ln.Tokens
+		} else {
+			o.InputTokens += ln.Tokens
+		}
+	}
+	return o
+}
+
+// billableTokens reports whether any line holds tokens.
+func billableTokens(lines []overage.MeterTokens) bool {
+	for _, ln := range lines {
+		if ln.Tokens != 0 {
+			return true
+		}
+	}
+	return false
 }

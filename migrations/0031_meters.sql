@@ -69,12 +69,28 @@ INSERT INTO meter_catalog (version) VALUES (1);
 -- included_input_tokens and included_output_tokens): {"<key>": N, ...}.
 ALTER TABLE tenants ADD COLUMN included_meters jsonb NOT NULL DEFAULT '{}';
 
+-- The overage columns are the default meters' lines now, not the
+-- dimensions': on a log that feeds other meters too (meter_keys set) they
+-- are bounded by the default lines' tokens, which the row does not hold,
+-- not by the dimension's. The check is replaced by one that exempts such
+-- logs, NOT VALID (every existing row passes: none has meter_keys) and
+-- validated by 0039 without blocking writes.
 ALTER TABLE usage_logs
     ADD COLUMN meter_keys text[],
     ADD COLUMN meter_tokens bigint[],
     ADD COLUMN meter_overage bigint[],
     ADD COLUMN meter_leads uuid[],
-    ADD COLUMN meter_accepted_at timestamptz[];
+    ADD COLUMN meter_accepted_at timestamptz[],
+    DROP CONSTRAINT usage_logs_tokens_check,
+    ADD CONSTRAINT usage_logs_tokens_check CHECK (
+        (corrects IS NOT NULL OR (input_tokens >= 0 AND output_tokens >= 0))
+        AND (meter_keys IS NOT NULL OR (
+            overage_input_tokens BETWEEN least(0, input_tokens) AND greatest(0, input_tokens)
+            AND overage_output_tokens BETWEEN least(0, output_tokens) AND greatest(0, output_tokens)))
+        AND (corrects IS NULL) = (correction_reason IS NULL)
+        AND cardinality(meter_keys) = cardinality(meter_tokens)
+        AND cardinality(meter_keys) = cardinality(meter_overage)
+    ) NOT VALID;
 
 ALTER TABLE usage_reports DROP CONSTRAINT usage_reports_dimension_check,
     ADD CONSTRAINT usage_reports_meter_key CHECK (dimension ~ '^[a-z0-9_]{1,40}$') NOT VALID;

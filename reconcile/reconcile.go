@@ -94,6 +94,11 @@ type Row struct {
 	Status Status `json:"status"`
 	// Reason says why a row is too_recent.
 	Reason string `json:"reason,omitempty"`
+	// ReportedLate is the part of Database that is usage of earlier days
+	// whose period was closed when it was reported: Stripe's event carries
+	// the time it was reported, so it is billed, and compared, on this day
+	// and not on its usage day.
+	ReportedLate int64 `json:"reported_late,omitempty"`
 }
 
 // Tenant is a tenant in scope.
@@ -252,11 +257,11 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		rep.Meters = append(rep.Meters, m)
 	}
 
-	db1, activity, err := billed(ctx, db, from, end, cutoff, tenantIDs, p.MeterInputEvent, p.MeterOutputEvent)
+	db1, late, activity, err := billed(ctx, db, from, end, cutoff, tenantIDs, p.MeterInputEvent, p.MeterOutputEvent)
 	if err != nil {
 		return nil, err
 	}
-	if err := billedOnMeters(ctx, db, from, end, tenantIDs, eventOf, db1); err != nil {
+	if err := billedOnMeters(ctx, db, from, end, tenantIDs, eventOf, db1, late); err != nil {
 		return nil, err
 	}
 	st, err := summaries(ctx, stripe, p, from, end, customers, rep.Meters)
@@ -276,7 +281,7 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		}
 	}
 	for k := range keys {
-		r := Row{Customer: k.customer, Meter: k.meter, Day: k.day, Database: db1[k], Stripe: st[k]}
+		r := Row{Customer: k.customer, Meter: k.meter, Day: k.day, Database: db1[k], Stripe: st[k], ReportedLate: late[k]}
 		r.Delta = r.Stripe - r.Database
 		switch {
 		case rep.TooRecentFrom != "" && k.day >= rep.TooRecentFrom:
@@ -398,70 +403,106 @@ func scope(ctx context.Context, db overage.DB, tenantID *uuid.UUID) ([]Customer,
 	return customers, nil, nil
 }
 
+// lateReach bounds how much older than its report a late log's usage
+// timestamp can be: ingest takes usage up to overage.MaxEventAge old, and
+// its report is formed soon after (a day's margin).
+const lateReach = overage.MaxEventAge + 24*time.Hour
+
+// billingDaySQL is the UTC day whose summary holds the overage o of line
+// (dimension dim, report lead lead) of the usage log u: its usage day, or
+// for a log reported at send time (its period was closed when its report
+// was formed, stripe_timestamp 'reported') the day of its report's
+// timestamp, the one Stripe's event carries.
+const billingDaySQL = `to_char(CASE WHEN u.stripe_timestamp = 'reported' THEN coalesce(
+		(SELECT r.ts FROM usage_reports r WHERE r.lead_usage_log_id = %[1]s AND r.dimension = %[2]s), u.ts) ELSE u.ts END
+	AT TIME ZONE 'UTC', 'YYYY-MM-DD')`
+
 // billed sums billed overage per (customer, meter, day) over [from, end),
 // and flags the (customer, day) pairs with billing activity after cutoff.
-func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, tenantIDs []uuid.UUID, inputEvent, outputEvent string) (map[rowKey]int64, map[activityKey]bool, error) {
+// A day is the one Stripe bills the usage on (billingDaySQL); late holds
+// the part of each sum that is earlier days' usage reported late.
+func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, tenantIDs []uuid.UUID, inputEvent, outputEvent string) (map[rowKey]int64, map[rowKey]int64, map[activityKey]bool, error) {
 	// not_billable logs are never sent; every other status may have
 	// touched Stripe, so all count towards activity, only billed ones
 	// towards the sums. greatest() ignores NULLs.
-	q := `SELECT t.stripe_customer_id,
-			to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'),
-			coalesce(sum(u.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-			coalesce(sum(u.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-			coalesce(bool_or(greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3), false)
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		WHERE u.ts >= $1 AND u.ts < $2 AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
-	args := []any{from, end, cutoff}
+	q := `SELECT cus, day, dim,
+			coalesce(sum(o) FILTER (WHERE billed), 0)::bigint,
+			coalesce(sum(o) FILTER (WHERE billed AND late), 0)::bigint,
+			coalesce(bool_or(recent), false)
+		FROM (SELECT t.stripe_customer_id AS cus, d.dim, d.o, ` + fmt.Sprintf(billingDaySQL, "d.lead", "d.dim") + ` AS day,
+				` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + ` AS billed,
+				coalesce(u.stripe_timestamp = 'reported', false) AS late,
+				greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3 AS recent
+			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+			CROSS JOIN LATERAL (VALUES ('input', u.overage_input_tokens, u.input_report_lead),
+				('output', u.overage_output_tokens, u.output_report_lead)) AS d (dim, o, lead)
+			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
+				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
+				AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
+	args := []any{from, end, cutoff, lateReach.Seconds()}
 	if tenantIDs != nil {
-		q += ` AND u.tenant_id = ANY($4)`
+		q += ` AND u.tenant_id = ANY($5)`
 		args = append(args, tenantIDs)
 	}
-	q += ` GROUP BY 1, 2`
+	q += `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+		GROUP BY 1, 2, 3`
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+		return nil, nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
 	}
 	defer rows.Close()
-	sums := map[rowKey]int64{}
+	sums, late := map[rowKey]int64{}, map[rowKey]int64{}
 	activity := map[activityKey]bool{}
 	for rows.Next() {
-		var cus, day string
-		var in, out int64
+		var cus, day, dim string
+		var n, l int64
 		var recent bool
-		if err := rows.Scan(&cus, &day, &in, &out, &recent); err != nil {
-			return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+		if err := rows.Scan(&cus, &day, &dim, &n, &l, &recent); err != nil {
+			return nil, nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+		}
+		name := inputEvent
+		if dim == string(overage.DimensionOutput) {
+			name = outputEvent
 		}
 		// Several tenants may share a customer: add, never overwrite.
-		sums[rowKey{cus, inputEvent, day}] += in
-		sums[rowKey{cus, outputEvent, day}] += out
+		sums[rowKey{cus, name, day}] += n
+		late[rowKey{cus, name, day}] += l
 		if recent {
 			activity[activityKey{cus, day}] = true
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+		return nil, nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
 	}
-	return sums, activity, nil
+	return sums, late, activity, nil
 }
 
-// billedOnMeters adds to sums the billed overage of the meters other than
-// the defaults (the usage logs' meter_* arrays), per customer, event name
-// and day. Activity needs nothing more: a log's first_attempt_at and
-// billed_at cover its lines of every meter.
+// billedOnMeters adds to sums (and late) the billed overage of the meters
+// other than the defaults (the usage logs' meter_* arrays), per customer,
+// event name and day, as billed does. Activity needs nothing more: a log's
+// first_attempt_at and billed_at cover its lines of every meter.
 func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, tenantIDs []uuid.UUID, eventOf map[string]string,
-	sums map[rowKey]int64) error {
+	sums, late map[rowKey]int64) error {
 	if len(eventOf) == 0 {
 		return nil
 	}
-	q := `SELECT t.stripe_customer_id, to_char(u.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD'), x.k, sum(x.o)::bigint
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage) AS x (k, o)
-		WHERE u.ts >= $1 AND u.ts < $2 AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
-	args := []any{from, end}
+	q := `SELECT cus, day, k, sum(o)::bigint, coalesce(sum(o) FILTER (WHERE late), 0)::bigint
+		FROM (SELECT t.stripe_customer_id AS cus, ` + fmt.Sprintf(billingDaySQL, "x.l", "x.k") + ` AS day, x.k, x.o,
+				coalesce(u.stripe_timestamp = 'reported', false) AS late
+			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+			CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage, u.meter_leads) AS x (k, o, l)
+			WHERE u.ts >= $1::timestamptz - make_interval(secs => $3) AND u.ts < $2
+				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
+				AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
+	args := []any{from, end, lateReach.Seconds()}
 	if tenantIDs != nil {
-		q += ` AND u.tenant_id = ANY($3)`
+		q += ` AND u.tenant_id = ANY($4)`
 		args = append(args, tenantIDs)
 	}
-	q += ` GROUP BY 1, 2, 3`
+	q += `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
+		GROUP BY 1, 2, 3`
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
@@ -469,8 +510,8 @@ func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, ten
 	defer rows.Close()
 	for rows.Next() {
 		var cus, day, key string
-		var n int64
-		if err := rows.Scan(&cus, &day, &key, &n); err != nil {
+		var n, l int64
+		if err := rows.Scan(&cus, &day, &key, &n, &l); err != nil {
 			return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
 		}
 		name, ok := eventOf[key]
@@ -478,6 +519,7 @@ func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, ten
 			return fmt.Errorf("reconcile: usage logs name the meter %q, which the catalog does not hold", key)
 		}
 		sums[rowKey{cus, name, day}] += n
+		late[rowKey{cus, name, day}] += l
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)

@@ -96,6 +96,7 @@ func newFixture(t *testing.T, opts emulator.Options, before ...func(*pgxpool.Poo
 		f.tenants[c.cus] = tn
 	}
 
+	f.ingest.SetPeriodCloseGrace(fixtureGrace)
 	for _, b := range before {
 		b(pool)
 	}
@@ -111,9 +112,13 @@ func newFixture(t *testing.T, opts emulator.Options, before ...func(*pgxpool.Poo
 	}
 	f.record(t, "cus_free", y.Add(time.Hour), 10, 10) // not billable: never sent, never counted
 
-	f.runWorkers(t, ids)
+	f.runWorkersGrace(t, fixtureGrace, ids)
 	return f
 }
+
+// fixtureGrace is the fixture's PERIOD_CLOSE_GRACE: long enough that
+// yesterday's usage keeps its usage timestamp on the first of a month.
+const fixtureGrace = 40 * 24 * time.Hour
 
 // record ingests one usage event through the real ingest transaction.
 func (f *fixture) record(t *testing.T, customer string, ts time.Time, in, out int64) uuid.UUID {
@@ -125,7 +130,13 @@ func (f *fixture) record(t *testing.T, customer string, ts time.Time, in, out in
 // them, so the report sees a still pipeline.
 func (f *fixture) runWorkers(t *testing.T, ids []uuid.UUID) {
 	t.Helper()
-	w, err := workers.New(f.pool, workers.Config{Stripe: f.sc, SweepInterval: time.Hour})
+	f.runWorkersGrace(t, fixtureGrace, ids)
+}
+
+// runWorkersGrace is runWorkers with PERIOD_CLOSE_GRACE grace.
+func (f *fixture) runWorkersGrace(t *testing.T, grace time.Duration, ids []uuid.UUID) {
+	t.Helper()
+	w, err := workers.New(f.pool, workers.Config{Stripe: f.sc, SweepInterval: time.Hour, PeriodCloseGrace: grace})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -572,5 +583,62 @@ func TestMetersAreReconciledByTheirEventNames(t *testing.T) {
 	}
 	if !rep.OK() || len(rep.Meters) != 3 {
 		t.Fatalf("OK %v, meters %+v%s", rep.OK(), rep.Meters, dumpRows(rep))
+	}
+}
+
+// A log of a period closed when it was reported is billed by Stripe on the
+// day of its report, not its usage day: the database side counts it there
+// too, so both days match, and the text says the row holds late usage.
+func TestUsageReportedLateIsMatchedOnItsBillingDay(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, emulator.Options{})
+	ctx := context.Background()
+	tn, err := tenants.NewStore(f.pool).Create(ctx, tenants.CreateParams{Name: "tenant cus_late", StripeCustomerID: "cus_late"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its previous subscription period ended 3 h ago: past the grace.
+	end := time.Now().Add(-3 * time.Hour)
+	if _, err := f.pool.Exec(ctx, `INSERT INTO tenant_subscriptions (tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
+		VALUES ($1, 'sub_old', 'active', $2, $3, now()), ($1, 'sub_new', 'active', $3, $4, now())`,
+		tn.ID, end.Add(-30*24*time.Hour), end, end.Add(30*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	usage := time.Now().Add(-50 * time.Hour)
+	id := worktest.Record(t, f.ingest, tn.ID, usage, 60, 4)
+	f.runWorkersGrace(t, time.Hour, []uuid.UUID{id})
+	var basis string
+	if err := f.pool.QueryRow(ctx, `SELECT stripe_timestamp FROM usage_logs WHERE id = $1`, id).Scan(&basis); err != nil || basis != "reported" {
+		t.Fatalf("the late log's stripe_timestamp: %q, %v; want reported", basis, err)
+	}
+
+	// Judged a day later, so today's window (where Stripe has it) has ended.
+	rep := f.run(t, reconcile.Params{From: usage, To: f.today, Now: f.today.Add(25 * time.Hour), SettleAfter: settled})
+	if !rep.OK() || rep.TooRecent != 0 {
+		t.Fatalf("a late log: OK %v, %d differences, %d too recent%s", rep.OK(), rep.Differences, rep.TooRecent, dumpRows(rep))
+	}
+	want := map[string]reconcile.Row{
+		inMeter:  {Customer: "cus_late", Meter: inMeter, Day: f.day(f.today), Database: 60, Stripe: 60, ReportedLate: 60, Status: reconcile.StatusMatch},
+		outMeter: {Customer: "cus_late", Meter: outMeter, Day: f.day(f.today), Database: 4, Stripe: 4, ReportedLate: 4, Status: reconcile.StatusMatch},
+	}
+	n := 0
+	for _, r := range rep.Rows {
+		if r.Customer != "cus_late" {
+			continue
+		}
+		n++
+		if r != want[r.Meter] {
+			t.Errorf("row %+v, want %+v", r, want[r.Meter])
+		}
+	}
+	if n != 2 {
+		t.Fatalf("%d rows of cus_late, want 2 (today's, none on its usage day)%s", n, dumpRows(rep))
+	}
+	var buf bytes.Buffer
+	if err := reconcile.WriteText(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`match\s+cus_late\s+llm_input_tokens\s+` + f.day(f.today) + `\s+60\s+60\s+0\s+database includes 60 of earlier days' usage, reported late`).MatchString(buf.String()) {
+		t.Errorf("the text does not explain the late row:\n%s", buf.String())
 	}
 }

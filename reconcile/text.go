@@ -12,6 +12,8 @@ import (
 const (
 	noteMissingAtStripe = "billed in the database, not applied at Stripe"
 	noteExtraAtStripe   = "applied at Stripe, not billed in the database"
+	// A row holding usage of earlier days reported after its period closed.
+	noteReportedLate = "database includes %d of earlier days' usage, reported late (its period was closed) and billed by Stripe on this day"
 )
 
 // WriteText prints r for a human: a header, an aligned table with the
@@ -52,6 +54,13 @@ func WriteText(w io.Writer, r *Report) error {
 				if row.Delta < 0 {
 					note = noteMissingAtStripe
 				}
+			}
+			if row.ReportedLate != 0 {
+				late := fmt.Sprintf(noteReportedLate, row.ReportedLate)
+				if note != "" {
+					late = note + "; " + late
+				}
+				note = late
 			}
 			delta := "0"
 			if row.Delta != 0 {

@@ -1,10 +1,6 @@
 package tenants
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 
@@ -186,28 +182,5 @@ func (h *Handler) pathID(w http.ResponseWriter, r *http.Request, name string) (u
 	return id, true
 }
 
-// decode reads one JSON object into v, refusing unknown fields: a typo
-// such as "included_input_token" must not pass as "change nothing".
-func decode(r *http.Request, v any) error {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return overage.Errorf(overage.ETOOLARGE, "payload-too-large", "the body is over %d bytes", maxBodyBytes)
-		}
-		return overage.Errorf(overage.EMALFORMED, "malformed-request", "could not read the body")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		e := overage.Errorf(overage.EMALFORMED, "malformed-request", "the body is not the expected JSON object: %v", err)
-		e.Fields = []overage.FieldError{{Field: "body", Detail: err.Error()}}
-		return e
-	}
-	if dec.More() {
-		e := overage.Errorf(overage.EMALFORMED, "malformed-request", "the body holds more than one JSON value")
-		e.Fields = []overage.FieldError{{Field: "body", Detail: "more than one JSON value"}}
-		return e
-	}
-	return nil
-}
+// decode reads the body (see httpx.DecodeJSON).
+func decode(r *http.Request, v any) error { return httpx.DecodeJSON(r, v, maxBodyBytes) }

@@ -20,6 +20,10 @@ type FormParams struct {
 	MaxLogs int
 	Lease   time.Duration
 	Guard   Guard
+	// CloseGrace is PERIOD_CLOSE_GRACE (DefaultPeriodCloseGrace when 0):
+	// the logs of a period closed at formation (PeriodClosedSQL) form
+	// reports of their own, timestamped with the formation time.
+	CloseGrace time.Duration
 }
 
 // maxSingleLogReports bounds the per-log reports one call forms for logs
@@ -33,6 +37,10 @@ type candidate struct {
 	need            []overage.Dimension
 	firstAttemptAt  *time.Time
 	singleLogReport bool
+	// reported: ingest found its period closed and answered "reported"
+	// (stripe_timestamp), so it is reported at send time whatever the
+	// period's state by this process's PERIOD_CLOSE_GRACE.
+	reported bool
 	// The lines of meters other than the defaults (see migrations/0031):
 	// their keys and report leads, element by element.
 	extraKeys  []string
@@ -45,6 +53,11 @@ type groupKey struct {
 	day    time.Time
 	// single is the log of a report of its own, else uuid.Nil.
 	single uuid.UUID
+	// late: the period was closed when the report was formed; the
+	// report's timestamp is then the formation time (TimestampReported).
+	// Its logs are still grouped by the UTC day of their usage, as every
+	// report's are, so a report never mixes two days' usage.
+	late bool
 }
 
 // Form gathers the tenant's oldest pending usage logs that are in no report
@@ -60,11 +73,22 @@ type groupKey struct {
 // set, in no report) forms a report of its own: its lead is itself, so the
 // report carries exactly the key and value of that earlier send and Stripe
 // deduplicates it, and the window counts from that first attempt.
+//
+// The logs of a period closed at formation (PeriodClosedSQL) are still
+// counted in their own period, but form reports of their own, apart from
+// in-period logs, whose timestamp is the formation time (the transaction's
+// now()), so Stripe bills them on the invoice it still takes; each member
+// records which applies in stripe_timestamp. Decided once, here: every
+// resend carries the same timestamp.
 func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 	var out []Report
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		cands, err := lockCandidates(ctx, tx, p.TenantID, p.MaxLogs)
 		if err != nil || len(cands) == 0 {
+			return err
+		}
+		now, closed, err := closedPeriods(ctx, tx, p, cands)
+		if err != nil {
 			return err
 		}
 		groups := map[groupKey][]*candidate{}
@@ -80,7 +104,11 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 			for _, d := range c.need {
 				k := groupKey{d: d, period: c.period, day: c.ts.UTC().Truncate(24 * time.Hour)}
 				if c.singleLogReport {
+					// Its earlier send carried its usage timestamp: so does
+					// the report that repeats it.
 					k.single = c.id
+				} else if c.reported || closed[c.period] {
+					k.late = true
 				}
 				if _, ok := groups[k]; !ok {
 					order = append(order, k)
@@ -90,14 +118,16 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 		}
 		leads := map[uuid.UUID]*[2]*uuid.UUID{}
 		byID := map[uuid.UUID]*candidate{}
+		late := map[uuid.UUID]bool{}
 		var ids []uuid.UUID
 		for _, k := range order {
-			r, err := insertReport(ctx, tx, p, k, groups[k])
+			r, err := insertReport(ctx, tx, p, k, groups[k], now)
 			if err != nil {
 				return err
 			}
 			lead := r.Lead
 			for _, c := range groups[k] {
+				late[c.id] = late[c.id] || k.late
 				l, ok := leads[c.id]
 				if !ok {
 					l = &[2]*uuid.UUID{}
@@ -124,8 +154,13 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 		// Each log's whole meter_leads array, flat: offsets and counts.
 		var flat []*uuid.UUID
 		offs, counts := make([]int32, len(ids)), make([]int32, len(ids))
+		basis := make([]string, len(ids))
 		for i, id := range ids {
 			in[i], outLeads[i] = leads[id][0], leads[id][1]
+			basis[i] = TimestampUsage
+			if late[id] {
+				basis[i] = TimestampReported
+			}
 			c := byID[id]
 			offs[i], counts[i] = int32(len(flat)), int32(len(c.extraKeys))
 			flat = append(flat, c.extraLeads...)
@@ -134,9 +169,10 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 				input_report_lead = coalesce(v.inl, u.input_report_lead),
 				output_report_lead = coalesce(v.outl, u.output_report_lead),
 				meter_leads = CASE WHEN v.cnt > 0 THEN ($4::uuid[])[v.off + 1 : v.off + v.cnt] ELSE u.meter_leads END,
-				first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now()
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[], $6::int[]) AS v (id, inl, outl, off, cnt)
-			WHERE u.id = v.id`, ids, in, outLeads, flat, offs, counts); err != nil {
+				first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now(),
+				stripe_timestamp = CASE WHEN v.basis = 'reported' THEN v.basis ELSE coalesce(u.stripe_timestamp, v.basis) END
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[], $6::int[], $7::text[]) AS v (id, inl, outl, off, cnt, basis)
+			WHERE u.id = v.id`, ids, in, outLeads, flat, offs, counts, basis); err != nil {
 			return fmt.Errorf("record report membership: %w", err)
 		}
 		open := out[:0]
@@ -172,7 +208,7 @@ func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit in
 		WHERE x.o <> 0 AND x.l IS NULL AND x.a IS NULL))`
 	rows, err := tx.Query(ctx, `SELECT id, ts, period_start, overage_input_tokens, overage_output_tokens, `+needIn+`, `+needOut+`,
 			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL,
-			meter_keys, meter_overage, meter_leads, meter_accepted_at
+			meter_keys, meter_overage, meter_leads, meter_accepted_at, coalesce(stripe_timestamp = 'reported', false)
 		FROM usage_logs
 		WHERE tenant_id = $1 AND billing_status = 'pending' AND (`+needIn+` OR `+needOut+` OR `+needExtra+`)
 		ORDER BY created_at LIMIT $2
@@ -188,7 +224,7 @@ func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit in
 		var leads []pgtype.UUID
 		var accepted []pgtype.Timestamptz
 		err := row.Scan(&c.id, &c.ts, &c.period, &oin, &oout, &in, &out, &c.firstAttemptAt, &c.singleLogReport,
-			&c.extraKeys, &over, &leads, &accepted)
+			&c.extraKeys, &over, &leads, &accepted, &c.reported)
 		if err != nil {
 			return nil, err
 		}
@@ -219,7 +255,44 @@ func lockCandidates(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, limit in
 	})
 }
 
-func insertReport(ctx context.Context, tx pgx.Tx, p FormParams, k groupKey, members []*candidate) (Report, error) {
+// closedPeriods reads the transaction's now() and which of the candidates'
+// periods are closed then.
+func closedPeriods(ctx context.Context, tx pgx.Tx, p FormParams, cands []*candidate) (time.Time, map[time.Time]bool, error) {
+	seen := map[time.Time]bool{}
+	var periods []time.Time
+	for _, c := range cands {
+		if !seen[c.period] {
+			seen[c.period] = true
+			periods = append(periods, c.period)
+		}
+	}
+	grace := p.CloseGrace
+	if grace <= 0 {
+		grace = DefaultPeriodCloseGrace
+	}
+	rows, err := tx.Query(ctx, `SELECT now(), v.p, `+PeriodClosedSQL("$1", "v.p", "$3")+`
+		FROM unnest($2::timestamptz[]) AS v (p)`, p.TenantID, periods, grace.Seconds())
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("read closed periods: %w", err)
+	}
+	defer rows.Close()
+	var now time.Time
+	closed := map[time.Time]bool{}
+	for rows.Next() {
+		var period time.Time
+		var isClosed bool
+		if err := rows.Scan(&now, &period, &isClosed); err != nil {
+			return time.Time{}, nil, fmt.Errorf("read closed periods: %w", err)
+		}
+		closed[period.UTC()] = isClosed
+	}
+	if err := rows.Err(); err != nil {
+		return time.Time{}, nil, fmt.Errorf("read closed periods: %w", err)
+	}
+	return now.UTC(), closed, nil
+}
+
+func insertReport(ctx context.Context, tx pgx.Tx, p FormParams, k groupKey, members []*candidate, now time.Time) (Report, error) {
 	r := Report{Lead: members[0].id, Dimension: k.d, TenantID: p.TenantID, State: ReportOpen}
 	var first *time.Time
 	for _, c := range members {
@@ -231,6 +304,9 @@ func insertReport(ctx context.Context, tx pgx.Tx, p FormParams, k groupKey, memb
 		if c.singleLogReport {
 			first = c.firstAttemptAt
 		}
+	}
+	if k.late {
+		r.Timestamp = now
 	}
 	r.Timestamp = r.Timestamp.UTC()
 	if r.Value == 0 {

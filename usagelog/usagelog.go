@@ -7,7 +7,9 @@
 //
 // A report is one Stripe meter event: the overage of one dimension of one or
 // more pending usage logs of one tenant, allowance period and UTC day of
-// their usage timestamps. Its members, value and timestamp are committed
+// their usage timestamps (or, for logs of a period closed when it is
+// formed, a report of their own timestamped with its formation: see
+// PeriodClosedSQL and Form). Its members, value and timestamp are committed
 // before its first send and never change; its identifier and
 // Idempotency-Key are overage.MeterEventKey(lead, dimension), the lead being
 // the member fixed when the report is formed. A usage log is in at most one
@@ -74,7 +76,8 @@ type Report struct {
 	Dimension overage.Dimension
 	TenantID  uuid.UUID
 	Value     int64
-	// Timestamp is the latest usage timestamp among the members.
+	// Timestamp is the latest usage timestamp among the members, or the
+	// formation time for a report of a closed period (TimestampReported).
 	Timestamp      time.Time
 	Members        []uuid.UUID
 	State          ReportState

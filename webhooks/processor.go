@@ -137,6 +137,8 @@ func (p *Processor) apply(ctx context.Context, tx pgx.Tx, ev *event) (string, er
 		out, err = p.subscription(ctx, tx, ev, env.Data.Object)
 	case "customer.deleted":
 		out, err = p.customerDeleted(ctx, tx, ev, env.Data.Object)
+	case "invoice.finalized":
+		out, err = p.invoiceFinalized(ctx, tx, ev, env.Data.Object)
 	case "billing.meter.error_report_triggered", "v1.billing.meter.error_report_triggered":
 		out, err = p.meterErrorReport(ctx, tx, ev)
 	default:
@@ -236,6 +238,68 @@ func (p *Processor) customerDeleted(ctx context.Context, tx pgx.Tx, ev *event, o
 		return "no tenant", nil
 	}
 	p.logger.WarnContext(ctx, "tenant suspended: its Stripe customer was deleted", "stripe_customer_id", c.ID, "event_id", ev.id)
+	return "applied", nil
+}
+
+// invoiceObject holds the fields read from an invoice in any API version:
+// its subscription is top-level before 2025-03-31 and under
+// parent.subscription_details since.
+type invoiceObject struct {
+	ID            string `json:"id"`
+	Customer      any    `json:"customer"`
+	Subscription  any    `json:"subscription"`
+	BillingReason string `json:"billing_reason"`
+	PeriodStart   int64  `json:"period_start"`
+	PeriodEnd     int64  `json:"period_end"`
+	Parent        struct {
+		SubscriptionDetails struct {
+			Subscription any `json:"subscription"`
+		} `json:"subscription_details"`
+	} `json:"parent"`
+}
+
+// invoiceFinalized closes the tenant's periods an invoice of its
+// subscription's cycle billed: its usage period ends at period_end (for a
+// subscription invoice Stripe looks back one period), so every allowance
+// period that began before it is closed from now on, even inside
+// PERIOD_CLOSE_GRACE (closed_periods, read by usagelog.PeriodClosedSQL).
+// Other invoices (the first of a subscription, threshold, manual, one-off)
+// close nothing: their period does not end a billing period.
+func (p *Processor) invoiceFinalized(ctx context.Context, tx pgx.Tx, ev *event, obj json.RawMessage) (string, error) {
+	var inv invoiceObject
+	if err := json.Unmarshal(obj, &inv); err != nil {
+		return "", permanent{"invoice object: " + err.Error()}
+	}
+	cus, sub := customerID(inv.Customer), customerID(inv.Subscription)
+	if sub == "" {
+		sub = customerID(inv.Parent.SubscriptionDetails.Subscription)
+	}
+	if inv.ID == "" || cus == "" {
+		return "", permanent{"invoice without id or customer"}
+	}
+	if sub == "" || inv.BillingReason != "subscription_cycle" {
+		return "ignored: not a subscription cycle's invoice", nil
+	}
+	start, end := time.Unix(inv.PeriodStart, 0).UTC(), time.Unix(inv.PeriodEnd, 0).UTC()
+	if inv.PeriodEnd <= inv.PeriodStart || end.After(ev.created) {
+		return "ignored: its period has not ended", nil
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO closed_periods (tenant_id, stripe_invoice_id, period_start, period_end, event_created)
+		SELECT t.id, $2, $3, $4, $5 FROM tenants t WHERE t.stripe_customer_id = $1
+		ON CONFLICT (tenant_id, stripe_invoice_id) DO NOTHING`, cus, inv.ID, start, end, ev.created)
+	if err != nil {
+		return "", fmt.Errorf("close the period of invoice %s of %s: %w", inv.ID, cus, err)
+	}
+	if tag.RowsAffected() == 0 {
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE stripe_customer_id = $1`, cus).Scan(&n); err != nil {
+			return "", fmt.Errorf("find tenant of %s: %w", cus, err)
+		}
+		if n == 0 {
+			return "no tenant", nil
+		}
+		return "already closed", nil
+	}
 	return "applied", nil
 }
 

@@ -658,3 +658,86 @@ func TestPeriodicRetentionJobRunsUnderRiver(t *testing.T) {
 			h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_jobless' AND processed_at IS NOT NULL`) == 1
 	})
 }
+
+func invoice(id, cus, sub, reason string, start, end time.Time) map[string]any {
+	return map[string]any{"id": id, "object": "invoice", "customer": cus, "subscription": sub, "billing_reason": reason,
+		"status": "open", "period_start": start.Unix(), "period_end": end.Unix()}
+}
+
+// invoice.finalized of a subscription cycle closes the period it billed
+// before PERIOD_CLOSE_GRACE is over: a late log of that period answers
+// "reported" and its meter event carries its send time, not its usage
+// time. An invoice of another kind closes nothing.
+func TestFinalizedInvoiceClosesItsPeriodInsideTheGrace(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	ctx := context.Background()
+	tn := h.tenant(t, "cus_inv", 500)
+	svc := ingest.NewService(h.pool, outbox.NewInserter(h.rc, outbox.DefaultMaxAttempts))
+	svc.SetPeriodCloseGrace(time.Hour)
+	// The subscription's period ended 10 minutes ago: inside the grace.
+	end := time.Now().Add(-10 * time.Minute).Truncate(time.Second).UTC()
+	start := end.Add(-30 * 24 * time.Hour)
+	h.deliver(t, eventJSON("evt_sub", "", "customer.subscription.updated", time.Now(), subscription("sub_inv", "cus_inv", "active", start, end)))
+	h.deliver(t, eventJSON("evt_manual", "", "invoice.finalized", time.Now(), invoice("in_manual", "cus_inv", "sub_inv", "manual", start, end)))
+	h.startProcessor(t)
+	h.waitAllProcessed(t, 2)
+	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_manual' AND process_outcome LIKE 'ignored%'`); n != 1 {
+		t.Fatal("a manual invoice was not ignored")
+	}
+	usage := end.Add(-48 * time.Hour).Truncate(time.Microsecond)
+	early, period := record(t, svc, h.pool, tn.ID, usage, 600)
+	if !period.Equal(start) || early.StripeTimestamp != usagelog.TimestampUsage {
+		t.Fatalf("inside the grace: period %s, stripe_timestamp %q; want %s, usage", period, early.StripeTimestamp, start)
+	}
+
+	h.deliver(t, eventJSON("evt_inv", "", "invoice.finalized", time.Now(), invoice("in_cycle", "cus_inv", "sub_inv", "subscription_cycle", start, end)))
+	h.deliver(t, eventJSON("evt_inv_again", "", "invoice.finalized", time.Now(), invoice("in_cycle", "cus_inv", "sub_inv", "subscription_cycle", start, end)))
+	h.waitAllProcessed(t, 4)
+	if n := h.count(t, `SELECT count(*) FROM closed_periods WHERE tenant_id = $1 AND period_end = $2`, tn.ID, end); n != 1 {
+		t.Fatalf("%d closed periods, want the invoice's one", n)
+	}
+	closedAt := time.Now().Add(-time.Second)
+	late, period := record(t, svc, h.pool, tn.ID, usage, 100)
+	if !period.Equal(start) || late.StripeTimestamp != usagelog.TimestampReported || late.Overage.InputTokens != 100 {
+		t.Fatalf("after invoice.finalized: period %s, stripe_timestamp %q, overage %d; want %s, reported, 100 (against the period's 500)",
+			period, late.StripeTimestamp, late.Overage.InputTokens, start)
+	}
+	// The GET of the log recorded before: not formed yet, its period closed now.
+	got, err := svc.Get(ctx, early.ID, nil)
+	if err != nil || got.StripeTimestamp != usagelog.TimestampReported {
+		t.Fatalf("GET of the earlier log: %v, %+v; want reported", err, got)
+	}
+
+	emu := emulator.New(emulator.Options{Seed: 1})
+	base, err := emu.Start("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emu.Close)
+	sc, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: base, RateLimit: 10000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := workers.New(h.pool, workers.Config{Stripe: sc, SweepInterval: time.Hour, PeriodCloseGrace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	polltest.Until(t, "both logs billed", 20*time.Second, func() bool {
+		return h.count(t, `SELECT count(*) FROM usage_logs WHERE tenant_id = $1 AND billing_status = 'billed' AND stripe_timestamp = 'reported'`, tn.ID) == 2
+	})
+	var sum int64
+	for _, e := range emu.Events() {
+		sum += e.Value
+		if e.Timestamp.Before(closedAt.Truncate(time.Second)) {
+			t.Errorf("meter event %s carries %s, want its send time (after %s), not the usage time %s", e.Identifier, e.Timestamp, closedAt, usage)
+		}
+	}
+	if sum != 200 {
+		t.Fatalf("Stripe holds %d, want 200 (700 against the closed period's 500)", sum)
+	}
+}

@@ -47,6 +47,7 @@ type ReportWorker struct {
 	// hands its remaining work back (a snooze) after half of it.
 	jobTimeout time.Duration
 	batchMax   int
+	closeGrace time.Duration
 	// inserter queues the follow-up job (see Work).
 	inserter *outbox.Inserter
 }
@@ -99,7 +100,8 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 			return err
 		}
 		if len(reports) == 0 {
-			reports, err = w.store.Form(ctx, usagelog.FormParams{TenantID: tenantID, MaxLogs: w.batchMax, Lease: w.jobTimeout, Guard: w.guard})
+			reports, err = w.store.Form(ctx, usagelog.FormParams{TenantID: tenantID, MaxLogs: w.batchMax, Lease: w.jobTimeout, Guard: w.guard,
+				CloseGrace: w.closeGrace})
 			if err != nil {
 				return err
 			}

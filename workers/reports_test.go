@@ -261,7 +261,9 @@ func TestALogCommittedAfterItsJobRanIsBilledByTheFollowUp(t *testing.T) {
 	b := setup(t, emulator.Faults{})
 	ctx := context.Background()
 	first := b.Record(t, "cus_a", 10, 1)
-	stop := b.Start(t, workers.Config{SweepGrace: time.Hour})
+	// The follow-up is due a batch period after the round: 3 s, so that a
+	// loaded machine still sees it waiting before it runs.
+	stop := b.Start(t, workers.Config{SweepGrace: time.Hour, BatchDelay: 3 * time.Second})
 	b.waitStatus(t, first, overage.BillingStatusBilled, 20*time.Second)
 
 	rc, err := river.NewClient(riverpgxv5.New(b.Pool), &river.Config{})

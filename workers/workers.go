@@ -56,6 +56,9 @@ type Config struct {
 	// StreamIdleTimeout: a stream with no checkpoint for this long is
 	// closed (STREAM_IDLE_TIMEOUT).
 	StreamIdleTimeout time.Duration
+	// PeriodCloseGrace is PERIOD_CLOSE_GRACE: a report of logs whose
+	// period is closed when it is formed carries the formation time.
+	PeriodCloseGrace time.Duration
 }
 
 // Workers is a running set of River workers.
@@ -79,8 +82,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	}
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
 		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
-		inserter: outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay),
-		meters:   meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent),
+		closeGrace: cfg.PeriodCloseGrace,
+		inserter:   outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay),
+		meters:     meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent),
 	}); err != nil {
 		return nil, fmt.Errorf("add report worker: %w", err)
 	}

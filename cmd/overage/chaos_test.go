@@ -34,6 +34,9 @@ import (
 // runs `overage work` as a real child process it can SIGKILL.
 const childEnv = "OVERAGE_TEST_CHILD_ARGS"
 
+// chaosCloseGrace is the chaos run's PERIOD_CLOSE_GRACE (see its env).
+const chaosCloseGrace = "96h"
+
 func TestMain(m *testing.M) {
 	if args := os.Getenv(childEnv); args != "" {
 		main2(strings.Fields(args))
@@ -81,10 +84,19 @@ func TestChaos(t *testing.T) {
 
 	// Racing checkpoints send a tenant's requests many at a time: past
 	// TENANT_MAX_INFLIGHT they would be refused, not raced.
-	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": chaosAdminToken, "TENANT_MAX_INFLIGHT": "1000"}
+	// The usage spans three UTC days, which may straddle a month's end: a
+	// PERIOD_CLOSE_GRACE longer than that keeps every period open, so each
+	// log is billed, and reconciled, on its usage day.
+	env := map[string]string{"DATABASE_URL": dbURL, "LISTEN_ADDR": "127.0.0.1:0", "ADMIN_TOKEN": chaosAdminToken, "TENANT_MAX_INFLIGHT": "1000",
+		"PERIOD_CLOSE_GRACE": chaosCloseGrace}
 	type tenant struct {
 		ID     string `json:"id"`
 		APIKey string `json:"api_key"`
+	}
+	// Cached input on a meter of its own: every report, resend and
+	// correction of it must be exactly once too.
+	if out, _, err := runCmd(t, env, "meter", "create", "--key", "cache_read", "--event-name", chaosCacheEvent, "--token-type", "cache_read"); err != nil {
+		t.Fatalf("meter create: %v\n%s", err, out)
 	}
 	var tenantList []tenant
 	for i, args := range [][]string{
@@ -130,7 +142,12 @@ func TestChaos(t *testing.T) {
 				tn := tenantList[i%len(tenantList)]
 				// Three UTC days of usage: reports never span two.
 				ts := time.Now().UTC().Add(-time.Minute - time.Duration(i%3)*24*time.Hour).Format(time.RFC3339)
-				body := fmt.Sprintf(`{"request_id":"req-%d","timestamp":"%s","user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d}`, i, ts, i%7, 500+i%900, 100+i%300)
+				// One event in four read part of its prompt from a cache.
+				cached := ""
+				if i%4 == 0 {
+					cached = fmt.Sprintf(`,"cache_read_input_tokens":%d`, 100+i%400)
+				}
+				body := fmt.Sprintf(`{"request_id":"req-%d","timestamp":"%s","user_id":"u%d","model_id":"gpt-4o","input_tokens":%d,"output_tokens":%d%s}`, i, ts, i%7, 500+i%900, 100+i%300, cached)
 				for _, key := range []string{fmt.Sprintf("key-%d", i), fmt.Sprintf("key-%d", i), fmt.Sprintf("other-%d", i)}[:1+i%3] {
 					status := postEvent(t, srv.Addr(), tn.APIKey, key, body)
 					if status != http.StatusAccepted && status != http.StatusOK {
@@ -222,6 +239,7 @@ func TestChaos(t *testing.T) {
 		"DATABASE_URL="+dbURL,
 		"STRIPE_SECRET_KEY=sk_test_123",
 		"STRIPE_API_BASE="+stripeURL,
+		"PERIOD_CLOSE_GRACE="+chaosCloseGrace,
 		"SWEEP_INTERVAL=1s",
 		"SWEEP_GRACE=2s",
 		"REPORT_JOB_TIMEOUT=3s",
@@ -333,6 +351,15 @@ func TestChaos(t *testing.T) {
 	}
 	billingtest.RequireStripeMatchesBilled(t, pool, emu)
 	want := billingtest.BilledTotals(t, pool)
+	cacheBilled := int64(0)
+	for k, v := range want {
+		if k.EventName == chaosCacheEvent {
+			cacheBilled += v
+		}
+	}
+	if cacheBilled == 0 {
+		t.Fatalf("nothing billed on the cache-read meter: %v", want)
+	}
 	var resent bool
 	for _, r := range emu.Requests() {
 		resent = resent || (r.IdempotencyKey == caught && (r.Outcome == emulator.OutcomeReplayed || r.Outcome == emulator.OutcomeAlreadyExists))
@@ -355,7 +382,8 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("reconcile after the chaos run: %v\n%s", err, out)
 	}
 	var rec struct{ Matches, Differences, TooRecent int }
-	days := count(`SELECT coalesce(sum((i <> 0)::int + (o <> 0)::int), 0) FROM (SELECT sum(u.overage_input_tokens) i, sum(u.overage_output_tokens) o
+	days := count(`SELECT coalesce(sum((i <> 0)::int + (o <> 0)::int + (c <> 0)::int), 0) FROM (SELECT sum(u.overage_input_tokens) i, sum(u.overage_output_tokens) o,
+			coalesce(sum((SELECT sum(x) FROM unnest(u.meter_overage) AS x)), 0) c
 		FROM usage_logs u WHERE u.billing_status = 'billed' AND (u.ts AT TIME ZONE 'UTC')::date < (now() AT TIME ZONE 'UTC')::date
 		GROUP BY u.tenant_id, (u.ts AT TIME ZONE 'UTC')::date) x`)
 	if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.Differences != 0 || rec.TooRecent != 0 || rec.Matches != days || days < len(tenantList) {
@@ -382,7 +410,7 @@ func TestChaos(t *testing.T) {
 	}
 	var billedIn, billedOut int64
 	for k, v := range want {
-		if k.EventName == "llm_input_tokens" {
+		if k.EventName == "llm_input_tokens" || k.EventName == chaosCacheEvent {
 			billedIn += v
 		} else {
 			billedOut += v
@@ -406,6 +434,9 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("%d events, %d billable, %d meter events applied; emulator outcomes %v", events, billable, len(emu.Events()), outcomes)
 }
+
+// chaosCacheEvent is the event name of the chaos run's cache-read meter.
+const chaosCacheEvent = "llm_cache_read_tokens"
 
 // chaosAdminToken is the chaos server's ADMIN_TOKEN: corrections are an
 // operator's, of any tenant's log.

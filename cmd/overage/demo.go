@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,9 +21,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/flakyproxy"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/usagelog"
@@ -41,6 +44,14 @@ const (
 	// about 50 reports of two meter events each.
 	demoReportBatchMax = 5
 )
+
+// demoMeters are the meters the demo adds beside the two default ones: a
+// per-model meter for gpt-4o's input and one for cached input read, of
+// every model. Created once and reused, like the tenants.
+var demoMeters = []meters.CreateParams{
+	{Key: "demo_gpt4o_input", EventName: "demo_gpt4o_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}},
+	{Key: "demo_cache_read", EventName: "demo_cache_read_tokens", TokenType: overage.TokenCacheRead, Models: []string{"*"}},
+}
 
 // demoTenants are the demo's tenants. They are found by name and Stripe
 // customer and reused, so running the demo again adds none; each run's
@@ -103,6 +114,9 @@ func (d *demo) run(ctx context.Context) error {
 	// Unique per run: the demo tenants keep the logs of earlier runs,
 	// whose request_ids would otherwise make these duplicates.
 	d.runPrefix = fmt.Sprintf("demo-%s-%04x-", time.Now().UTC().Format("20060102T150405"), rand.IntN(1<<16))
+	if err := d.meters(ctx); err != nil {
+		return err
+	}
 	for _, p := range demoTenants {
 		if err := d.tenant(ctx, p); err != nil {
 			return err
@@ -153,6 +167,36 @@ func (d *demo) run(ctx context.Context) error {
 // gives this run a new API key (only a key's hash is stored, so an earlier
 // run's key cannot be shown again). The demo's earlier keys are revoked,
 // so they do not pile up either.
+// meters creates the demo's meters unless they exist (an earlier run made
+// them). A meter archived since is left archived: the demo then bills its
+// tokens where the routing sends them.
+func (d *demo) meters(ctx context.Context) error {
+	store := meters.NewStore(d.pool, d.inputEvent, d.outputEvent)
+	existing, err := store.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, p := range demoMeters {
+		if slices.ContainsFunc(existing, func(m overage.Meter) bool { return m.Key == p.Key }) {
+			continue
+		}
+		if _, err := store.Create(ctx, p); err != nil {
+			return fmt.Errorf("the demo's meter %s: %w", p.Key, err)
+		}
+	}
+	return nil
+}
+
+// eventNames are the meter event names the closing table lists: the
+// default meters', then the demo's.
+func (d *demo) eventNames() []string {
+	out := []string{d.inputEvent, d.outputEvent}
+	for _, m := range demoMeters {
+		out = append(out, m.EventName)
+	}
+	return out
+}
+
 func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 	store := tenants.NewStore(d.pool)
 	var id uuid.UUID
@@ -253,6 +297,9 @@ func (d *demo) send(ctx context.Context, url string) error {
 				ev := client.UsageEvent{
 					RequestID: fmt.Sprintf("%s%d", d.runPrefix, i), UserID: fmt.Sprintf("user-%d", i%17), ModelID: []string{"gpt-4o", "claude-sonnet", "llama-70b"}[i%3],
 					InputTokens: int64(800 + (i*7919)%2400), OutputTokens: int64(150 + (i*104729)%600),
+					// Two calls in three read part of their prompt from the
+					// provider's cache: billed on the demo's cache-read meter.
+					CacheReadInputTokens: cacheRead(i),
 					// Fixed once: a resend of the same operation is the same body.
 					Timestamp: time.Now().UTC().Truncate(time.Microsecond),
 				}
@@ -415,19 +462,32 @@ func (d *demo) waitBilled(ctx context.Context, what string) error {
 // billedByMeter returns this run's billed overage per Stripe customer and
 // meter event name, in the emulator's shape.
 func (d *demo) billedByMeter(ctx context.Context) (map[emulator.AppliedKey]int64, error) {
-	rows, err := d.pool.Query(ctx, `SELECT t.stripe_customer_id, sum(u.overage_input_tokens)::bigint, sum(u.overage_output_tokens)::bigint
+	// The default meters' overage is in their columns, every other meter's
+	// in the logs' meter arrays (see docs/meters.md).
+	rows, err := d.pool.Query(ctx, `SELECT t.stripe_customer_id, m.meter, sum(m.overage)::bigint
 		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		WHERE u.tenant_id = ANY($1) AND u.request_id LIKE $2 AND u.billing_status = $3 GROUP BY 1`,
+		CROSS JOIN LATERAL (
+			SELECT 'input' AS meter, u.overage_input_tokens AS overage
+			UNION ALL SELECT 'output', u.overage_output_tokens
+			UNION ALL SELECT x.k, x.o FROM unnest(u.meter_keys, u.meter_overage) AS x (k, o)) AS m
+		WHERE u.tenant_id = ANY($1) AND u.request_id LIKE $2 AND u.billing_status = $3 GROUP BY 1, 2`,
 		d.tenantIDs(), likePrefix(d.runPrefix), usagelog.StatusBilled)
 	if err != nil {
 		return nil, fmt.Errorf("the demo's billed totals: %w", err)
 	}
+	cat, err := meters.NewStore(d.pool, d.inputEvent, d.outputEvent).Catalog(ctx, d.pool)
+	if err != nil {
+		return nil, err
+	}
 	billed := map[emulator.AppliedKey]int64{}
-	var customer string
-	var in, out int64
-	if _, err := pgx.ForEachRow(rows, []any{&customer, &in, &out}, func() error {
-		billed[emulator.AppliedKey{Customer: customer, EventName: d.inputEvent}] += in
-		billed[emulator.AppliedKey{Customer: customer, EventName: d.outputEvent}] += out
+	var customer, key string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&customer, &key, &n}, func() error {
+		m, ok := cat.Meter(key)
+		if !ok {
+			return fmt.Errorf("usage logs name the meter %q, which the catalog does not hold", key)
+		}
+		billed[emulator.AppliedKey{Customer: customer, EventName: m.EventName}] += n
 		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("the demo's billed totals: %w", err)
@@ -478,7 +538,7 @@ func (d *demo) report(ctx context.Context) error {
 	fmt.Fprintln(d.out)
 	writeRows(d.out, callRows(calls, d.emu.Faults(), int64(len(events))))
 	fmt.Fprintln(d.out)
-	rows, agree := meterRows(d.tenants, []string{d.inputEvent, d.outputEvent}, billed, applied)
+	rows, agree := meterRows(d.tenants, d.eventNames(), billed, applied)
 	writeRows(d.out, rows)
 
 	var problems []string
@@ -496,4 +556,13 @@ func (d *demo) report(ctx context.Context) error {
 	}
 	fmt.Fprintf(d.out, "\nevery demo event billed exactly once: the emulator's totals equal the database's\n")
 	return nil
+}
+
+// cacheRead is the cached input of the demo's i-th event: none for one in
+// three, else a few hundred tokens (less than the event's smallest input).
+func cacheRead(i int) int64 {
+	if i%3 == 2 {
+		return 0
+	}
+	return int64(100 + (i*31)%500)
 }

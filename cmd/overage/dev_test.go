@@ -77,6 +77,13 @@ func TestDevDemoBillsEveryEventExactlyOnce(t *testing.T) {
 	if strings.Contains(out, " no\n") {
 		t.Fatalf("a row disagrees:\n%s", out)
 	}
+	// The demo's per-model and cache-read meters were fed and billed.
+	for _, ev := range []string{"demo_gpt4o_input_tokens", "demo_cache_read_tokens"} {
+		m := regexp.MustCompile(`(?m)^.*Acme \(demo\)\s+` + ev + `\s+([0-9,]+)\s+([0-9,]+)\s+yes`).FindStringSubmatch(out)
+		if m == nil || m[1] == "0" || m[1] != m[2] {
+			t.Fatalf("no billed tokens on the demo meter %s:\n%s", ev, out)
+		}
+	}
 	if regexp.MustCompile(`(^|[^0-9,])1 [a-z_]+s\b`).MatchString(out) {
 		t.Errorf("a plural after 1:\n%s", out)
 	}

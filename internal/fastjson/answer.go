@@ -218,6 +218,10 @@ func appendUsageLogFields(b []byte, l *overage.UsageLog) ([]byte, bool) {
 		b = append(b, `,"corrected_by":`...)
 		b = appendJSONString(b, *l.CorrectedBy)
 	}
+	if l.StripeTimestamp != "" {
+		b = append(b, `,"stripe_timestamp":`...)
+		b = appendJSONString(b, l.StripeTimestamp)
+	}
 	if l.CorrectedTotals != nil {
 		b = append(b, `,"corrected_totals":`...)
 		b = appendOverage(b, *l.CorrectedTotals)

@@ -3,9 +3,12 @@
 package httpx
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -156,4 +159,31 @@ func refuseAdmin(w http.ResponseWriter, r *http.Request, logger *slog.Logger, ad
 		msg = "ADMIN_TOKEN is not configured: finance and operator endpoints are disabled"
 	}
 	Error(w, r, logger, overage.Errorf(overage.EUNAUTHORIZED, "unauthorized", "%s", msg))
+}
+
+// DecodeJSON reads one JSON object of at most maxBytes from r's body into
+// v, refusing unknown fields — a typo in a field name must not pass as
+// "leave it unchanged" — and a second value after the first.
+func DecodeJSON(r *http.Request, v any, maxBytes int64) error {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return overage.Errorf(overage.ETOOLARGE, "payload-too-large", "the body is over %d bytes", maxBytes)
+		}
+		return overage.Errorf(overage.EMALFORMED, "malformed-request", "could not read the body")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		e := overage.Errorf(overage.EMALFORMED, "malformed-request", "the body is not the expected JSON object: %v", err)
+		e.Fields = []overage.FieldError{{Field: "body", Detail: err.Error()}}
+		return e
+	}
+	if dec.More() {
+		e := overage.Errorf(overage.EMALFORMED, "malformed-request", "the body holds more than one JSON value")
+		e.Fields = []overage.FieldError{{Field: "body", Detail: "more than one JSON value"}}
+		return e
+	}
+	return nil
 }

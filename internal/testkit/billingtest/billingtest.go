@@ -66,6 +66,30 @@ func Billed(ctx context.Context, pool *pgxpool.Pool, inputEvent, outputEvent str
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("billed totals: %w", err)
 	}
+	// The meters other than the defaults: their lines, by the meter's
+	// event name.
+	rows, err = pool.Query(ctx, `SELECT t.stripe_customer_id, m.event_name, sum(x.o)::bigint
+		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
+		CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage) AS x (k, o) JOIN meters m ON m.key = x.k
+		WHERE u.billing_status = $1 AND u.meter_keys IS NOT NULL AND ($2::uuid[] IS NULL OR u.tenant_id = ANY($2::uuid[]))
+		GROUP BY 1, 2`, usagelog.StatusBilled, only)
+	if err != nil {
+		return nil, fmt.Errorf("billed totals of meters: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var cus, name string
+		var n int64
+		if err := rows.Scan(&cus, &name, &n); err != nil {
+			return nil, fmt.Errorf("billed totals of meters: %w", err)
+		}
+		if n != 0 {
+			billed[emulator.AppliedKey{Customer: cus, EventName: name}] += n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("billed totals of meters: %w", err)
+	}
 	return billed, nil
 }
 
