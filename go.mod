@@ -16,6 +16,7 @@ require (
 	github.com/stripe/stripe-go/v79 v79.12.0
 	github.com/stripe/stripe-mock v0.203.0
 	github.com/testcontainers/testcontainers-go/modules/postgres v0.45.0
+	go.uber.org/goleak v1.3.0
 	golang.org/x/term v0.47.0
 	golang.org/x/time v0.16.0
 	riverqueue.com/riverui v0.22.0
@@ -101,7 +102,6 @@ require (
 	go.opentelemetry.io/otel v1.44.0 // indirect
 	go.opentelemetry.io/otel/metric v1.44.0 // indirect
 	go.opentelemetry.io/otel/trace v1.44.0 // indirect
-	go.uber.org/goleak v1.3.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	go.yaml.in/yaml/v4 v4.0.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect

@@ -25,8 +25,8 @@ import (
 	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/tenants"
 )
 
@@ -360,7 +360,7 @@ func TestDeliveryRetriesUntil2xx(t *testing.T) {
 	defer srv.Close()
 	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}, url: srv.URL + "/hook", deliver: fastDelivery()})
 	w.single(t, time.Now(), 90, 1)
-	poll.Until(t, "the event delivered", 20*time.Second, func() bool {
+	polltest.Until(t, "the event delivered", 20*time.Second, func() bool {
 		return w.count(t, `SELECT count(*) FROM alert_events WHERE tenant_id = $1 AND delivery_status = 'delivered'`, w.tenant) == 1
 	})
 	got := rv.deliveries()
@@ -421,7 +421,7 @@ func TestHangingReceiverIsCutAtTheTimeoutAndRetried(t *testing.T) {
 	cfg.Timeout = 300 * time.Millisecond
 	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}, url: srv.URL, deliver: cfg})
 	w.single(t, time.Now(), 90, 1)
-	poll.Until(t, "the event delivered", 20*time.Second, func() bool {
+	polltest.Until(t, "the event delivered", 20*time.Second, func() bool {
 		return w.count(t, `SELECT count(*) FROM alert_events WHERE tenant_id = $1 AND delivery_status = 'delivered'`, w.tenant) == 1
 	})
 	var took time.Duration
@@ -447,7 +447,7 @@ func TestDeliveryFailsAfterMaxAge(t *testing.T) {
 	cfg.MaxAge = 300 * time.Millisecond
 	w := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{80}, url: srv.URL, deliver: cfg})
 	w.single(t, time.Now(), 90, 1)
-	poll.Until(t, "the event failed", 20*time.Second, func() bool {
+	polltest.Until(t, "the event failed", 20*time.Second, func() bool {
 		return w.count(t, `SELECT count(*) FROM alert_events WHERE tenant_id = $1 AND delivery_status = 'failed'`, w.tenant) == 1
 	})
 	if n := w.count(t, `SELECT count(*) FROM alert_deliveries WHERE outcome = 'failed'`); n != 1 {
@@ -455,7 +455,7 @@ func TestDeliveryFailsAfterMaxAge(t *testing.T) {
 	}
 	// River records the job's end asynchronously: it is cancelled, not
 	// left to retry.
-	poll.Until(t, "the delivery job cancelled", 10*time.Second, func() bool {
+	polltest.Until(t, "the delivery job cancelled", 10*time.Second, func() bool {
 		return w.count(t, `SELECT count(*) FROM river_job WHERE kind = 'overage.deliver_alert' AND state = 'cancelled'`) == 1
 	})
 }
@@ -745,11 +745,11 @@ func TestHangingTenantDelaysNoOther(t *testing.T) {
 	cfg.Timeout = 5 * time.Second
 	a := newWorld(t, worldOpts{in: 100, out: 100, alertAt: []int{10, 20, 30, 40, 50, 60, 70, 80, 90, 100}, url: slow.URL, deliver: cfg})
 	a.single(t, time.Now(), 100, 100) // ten events of input, ten of output, to the hanging endpoint
-	poll.Until(t, "the hanging endpoint holding deliveries", 10*time.Second, func() bool { return hung.Load() >= 2 })
+	polltest.Until(t, "the hanging endpoint holding deliveries", 10*time.Second, func() bool { return hung.Load() >= 2 })
 	b := a.another(t, worldOpts{in: 100, out: 100, alertAt: []int{50}, url: fastSrv.URL})
 	start := time.Now()
 	b.single(t, time.Now(), 60, 1)
-	poll.Until(t, "the other tenant's event delivered", 4*time.Second, func() bool {
+	polltest.Until(t, "the other tenant's event delivered", 4*time.Second, func() bool {
 		return len(fast.deliveries()) == 1
 	})
 	if d := time.Since(start); d > 3*time.Second {
@@ -783,7 +783,7 @@ func TestNoTwoDeliveriesOfOneEventInFlight(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	go func() { first <- d.Work(context.Background(), job(1)) }()
-	poll.Until(t, "the first delivery in flight", 5*time.Second, func() bool { return got.Load() == 1 })
+	polltest.Until(t, "the first delivery in flight", 5*time.Second, func() bool { return got.Load() == 1 })
 	err := d.Work(context.Background(), job(2))
 	var snooze *river.JobSnoozeError
 	if !errors.As(err, &snooze) {

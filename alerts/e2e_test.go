@@ -12,8 +12,8 @@ import (
 
 	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/client"
-	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/workers"
 )
@@ -63,7 +63,7 @@ func TestEndToEndDeliveryHoldsUpNoBilling(t *testing.T) {
 	for range 3 {
 		w.Record(t, "cus_e2e", 500, 1) // 1,500 input: across 100%, 500 of overage
 	}
-	poll.Until(t, "the overage billed while the endpoint hangs", 10*time.Second, func() bool {
+	polltest.Until(t, "the overage billed while the endpoint hangs", 10*time.Second, func() bool {
 		var pending int
 		_ = w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'`).Scan(&pending)
 		return pending == 0 && calls.Load() == 1
@@ -71,13 +71,13 @@ func TestEndToEndDeliveryHoldsUpNoBilling(t *testing.T) {
 	if time.Since(started) > 3*time.Second {
 		t.Errorf("billing waited %s, past the hanging attempt's timeout", time.Since(started))
 	}
-	poll.Until(t, "the event delivered and verified", 15*time.Second, func() bool {
+	polltest.Until(t, "the event delivered and verified", 15*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(verified) == 1
 	})
 	var l *alerts.EventList
-	poll.Until(t, "the event's status delivered", 5*time.Second, func() bool {
+	polltest.Until(t, "the event's status delivered", 5*time.Second, func() bool {
 		l, err = alerts.Events(context.Background(), w.Pool, ten.ID, [16]byte{}, 10)
 		return err == nil && len(l.Data) == 1 && l.Data[0].Delivery.Status == "delivered"
 	})

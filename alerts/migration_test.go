@@ -12,8 +12,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/outbox"
 )
@@ -84,14 +84,14 @@ func TestPeriodCountersMigrationUnderLoad(t *testing.T) {
 			}
 		}
 	}()
-	poll.Until(t, "usage before the migrations", 30*time.Second, func() bool { return recorded.Load() >= 300 })
+	polltest.Until(t, "usage before the migrations", 30*time.Second, func() bool { return recorded.Load() >= 300 })
 	// 0041, then usage and billing counted by its triggers only, then the
 	// backfill: it must count the older logs and not these again.
 	if res, err := migrations.MigrateUpTo(ctx, pool, nil, 41); err != nil || len(res.Applied) != 1 || res.Applied[0].Version != 41 {
 		t.Fatalf("migrate 0041 under load: %v %+v", err, res)
 	}
 	between := recorded.Load()
-	poll.Until(t, "usage between the migrations", 30*time.Second, func() bool { return recorded.Load() >= between+300 })
+	polltest.Until(t, "usage between the migrations", 30*time.Second, func() bool { return recorded.Load() >= between+300 })
 	res, err := migrations.Migrate(ctx, pool, nil)
 	if err != nil {
 		t.Fatalf("migrate under load: %v", err)
@@ -100,7 +100,7 @@ func TestPeriodCountersMigrationUnderLoad(t *testing.T) {
 		t.Fatalf("applied %+v, want 0042 first", res.Applied)
 	}
 	after := recorded.Load()
-	poll.Until(t, "usage after the migration", 30*time.Second, func() bool { return recorded.Load() >= after+300 })
+	polltest.Until(t, "usage after the migration", 30*time.Second, func() bool { return recorded.Load() >= after+300 })
 	close(stop)
 	wg.Wait()
 	close(errs)

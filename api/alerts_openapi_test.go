@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/tenants"
 )
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 )
 
 // TestMeterAPIConformsToOpenAPI exercises every documented status of the

@@ -23,8 +23,8 @@ import (
 	"github.com/stripe/stripe-go/v79/webhook"
 
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/tenants"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
 
 // TestDefaultPoolsFitTheDefaultServer: two serve and two work replicas and

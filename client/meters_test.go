@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/client"
-	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/flakyproxy"
 )
 

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/client"
-	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 )
 
 // TestRetriesTenantBusy: against the real server with TENANT_MAX_INFLIGHT=1
@@ -48,7 +48,7 @@ func TestRetriesTenantBusy(t *testing.T) {
 		res.Body.Close()
 		held <- res.StatusCode
 	}()
-	poll.Until(t, "the held batch to wait on usage_logs", 30*time.Second, func() bool {
+	polltest.Until(t, "the held batch to wait on usage_logs", 30*time.Second, func() bool {
 		var n int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted
 			AND relation = 'usage_logs'::regclass AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
@@ -64,7 +64,7 @@ func TestRetriesTenantBusy(t *testing.T) {
 		res, err := b.client(t, srv.URL).Record(ctx, ev, nil)
 		done <- recorded{res, err}
 	}()
-	poll.Until(t, "the client to be refused as tenant-busy", 30*time.Second, func() bool {
+	polltest.Until(t, "the client to be refused as tenant-busy", 30*time.Second, func() bool {
 		res, err := http.Get(srv.URL + "/metrics")
 		if err != nil {
 			return false

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/overage-billing/overage/alerts"
-	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/aptinstall"
 	"github.com/overage-billing/overage/metrics"
 	"github.com/overage-billing/overage/stripeclient"

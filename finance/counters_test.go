@@ -18,7 +18,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/finance"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/review"
 )

@@ -15,8 +15,8 @@ import (
 
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/finance"
-	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/tenants"
 )
 

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/fastjson"
 )
 
 const (
@@ -18,12 +19,23 @@ const (
 )
 
 // parseBatch decodes and validates a batch body {"events": [...]}: through
-// parseBatchFast when it understands the body, else parseBatchViaDecoder.
+// fastjson.ParseBatch when it understands the body, else
+// parseBatchViaDecoder.
 func parseBatch(body []byte, now time.Time, tenantID uuid.UUID) ([]*Event, error) {
-	if events, ok := parseBatchFast(body, now, tenantID); ok {
-		return events, nil
+	rules := fastRules(now, tenantID)
+	if evs, ok := fastjson.ParseBatch(body, &rules, setFromFast); ok {
+		return pointers(evs), nil
 	}
 	return parseBatchViaDecoder(body, now, tenantID)
+}
+
+// pointers points to each of evs.
+func pointers(evs []Event) []*Event {
+	events := make([]*Event, len(evs))
+	for i := range evs {
+		events[i] = &evs[i]
+	}
+	return events
 }
 
 // parseBatchViaDecoder decodes and validates a batch body, all or

@@ -14,9 +14,9 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/workers"
@@ -48,7 +48,7 @@ func TestCorrectionBillsTheChangeOfThePeriodsOverage(t *testing.T) {
 	key := emulator.AppliedKey{Customer: "cus_cap", EventName: billingtest.InputEvent}
 	waitApplied := func(want int64) {
 		t.Helper()
-		poll.Until(t, fmt.Sprintf("Stripe to hold %d", want), 30*time.Second, func() bool {
+		polltest.Until(t, fmt.Sprintf("Stripe to hold %d", want), 30*time.Second, func() bool {
 			var pending int
 			if err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'`).Scan(&pending); err != nil {
 				t.Fatal(err)

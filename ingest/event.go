@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/fastjson"
 )
 
 const (
@@ -53,13 +54,35 @@ const (
 	fieldReasoning  = "reasoning_output_tokens"
 )
 
-// parseEvent decodes and validates a body: through parseEventFast when it
-// understands the body, else parseEventViaDecoder.
+// parseEvent decodes and validates a body: through fastjson.ParseEvent when
+// it understands the body, else parseEventViaDecoder.
 func parseEvent(body []byte, now time.Time) (*Event, error) {
-	if ev, ok := parseEventFast(body, now); ok {
-		return ev, nil
+	rules := fastRules(now, uuid.Nil)
+	if ev, ok := fastjson.ParseEvent(body, &rules); ok {
+		return fromFast(&ev), nil
 	}
 	return parseEventViaDecoder(body, now)
+}
+
+// fastRules are the bounds parseEventViaDecoder and parseBatchViaDecoder
+// check, for the fast parsers.
+func fastRules(now time.Time, tenantID uuid.UUID) fastjson.Rules {
+	return fastjson.Rules{Now: now, MaxFutureSkew: maxFutureSkew, MaxEventAge: maxEventAge,
+		MaxTextLen: maxTextLen, MaxTokens: maxTokens, MaxEvents: MaxBatchEvents, TenantID: tenantID}
+}
+
+// fromFast is the event the fast parser read.
+func fromFast(f *fastjson.Event) *Event {
+	ev := &Event{}
+	setFromFast(ev, f)
+	return ev
+}
+
+// setFromFast sets ev to f, field by field
+// (TestFastEventFieldsAreEventFields keeps the two types in step).
+func setFromFast(ev *Event, f *fastjson.Event) {
+	*ev = Event{RequestID: f.RequestID, Timestamp: f.Timestamp, UserID: f.UserID, ModelID: f.ModelID,
+		InputTokens: f.InputTokens, OutputTokens: f.OutputTokens, Parts: f.Parts, TenantID: f.TenantID}
 }
 
 // parseEventViaDecoder decodes and validates a body, reporting every

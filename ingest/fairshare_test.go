@@ -16,9 +16,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/tenants"
 )
 
@@ -52,7 +52,7 @@ func lockUsageLogs(t *testing.T, b *bundle) (release func()) {
 // usage_logs.
 func waitBlockedOnUsageLogs(t *testing.T, b *bundle, n int) {
 	t.Helper()
-	poll.Until(t, fmt.Sprintf("%d ingest transactions to wait on usage_logs", n), 30*time.Second, func() bool {
+	polltest.Until(t, fmt.Sprintf("%d ingest transactions to wait on usage_logs", n), 30*time.Second, func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND NOT granted
 			AND relation = 'usage_logs'::regclass AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) >= n
 	})
@@ -196,7 +196,7 @@ func (n *neighbours) run(t testing.TB, flood bool) {
 		}
 		// The quiet tenant starts once the flood is at its limit (or,
 		// without one, once its first batches are answered).
-		poll.Until(t, "the flood to be at its limit", 60*time.Second, func() bool {
+		polltest.Until(t, "the flood to be at its limit", 60*time.Second, func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			if n.unlimited {

@@ -2,20 +2,19 @@ package ingest
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
-	"math"
 	"net/http"
 	"strconv"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/testkit/jsonvalue"
 )
 
 // The fuzz targets below run their checked-in corpora (testdata/fuzz/...)
 // and seeds as ordinary tests; `make fuzz` explores each for a minute.
+// FuzzCanonicalJSON is internal/fastjson's.
 
 // hostileBodies are the seeds every body target starts from: what no honest
 // client sends.
@@ -43,42 +42,6 @@ var hostileBodies = []string{
 	``,
 }
 
-// FuzzCanonicalJSON: every input either fails cleanly or yields a canonical
-// form that is valid JSON, is its own canonical form, and means the same
-// JSON value as the input.
-func FuzzCanonicalJSON(f *testing.F) {
-	for _, s := range hostileBodies {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		canon, err := canonicalJSON(data)
-		// The one-pass canonicaliser answers only what the decoder path
-		// answers the same way, byte for byte.
-		if fast, ok := canonicalOnePass(data); ok {
-			ref, refErr := canonicalViaDecoder(data)
-			if refErr != nil || !bytes.Equal(fast, ref) {
-				t.Fatalf("one pass gives %q for %q, the decoder path %q, %v", fast, data, ref, refErr)
-			}
-		}
-		if err != nil {
-			return
-		}
-		if !utf8.Valid(data) {
-			t.Fatalf("invalid UTF-8 accepted: %q", data)
-		}
-		if !json.Valid(canon) {
-			t.Fatalf("canonical form of %q is not JSON: %q", data, canon)
-		}
-		again, err := canonicalJSON(canon)
-		if err != nil || !bytes.Equal(again, canon) {
-			t.Fatalf("canonical form %q is not its own canonical form: %q, %v", canon, again, err)
-		}
-		if !sameJSONValue(t, data, canon) {
-			t.Fatalf("canonical form %q means something else than %q", canon, data)
-		}
-	})
-}
-
 // FuzzFingerprintIsSameRequest: two bodies are the same request (one
 // fingerprint) exactly when they are the same JSON value — never when they
 // differ, whatever key order, whitespace, escapes or number spelling.
@@ -99,7 +62,7 @@ func FuzzFingerprintIsSameRequest(f *testing.F) {
 		if errA != nil || errB != nil {
 			return
 		}
-		if same := sameJSONValue(t, a, b); same != bytes.Equal(fa, fb) {
+		if same := jsonvalue.Same(t, a, b); same != bytes.Equal(fa, fb) {
 			t.Fatalf("same JSON value %v, same fingerprint %v:\n%q\n%q", same, !same, a, b)
 		}
 	})
@@ -167,60 +130,4 @@ func FuzzIdempotencyKey(f *testing.F) {
 			t.Fatalf("%q: key %q sent as %s parses as %q, %v", v, key, quoted, again, err)
 		}
 	})
-}
-
-// sameJSONValue reports whether a and b, both valid I-JSON, are the same
-// value: numbers compare as IEEE doubles (so -0 is 0 and 1.0 is 1), strings
-// by their characters, objects regardless of member order.
-func sameJSONValue(t *testing.T, a, b []byte) bool {
-	t.Helper()
-	return equalValues(decodeNumbers(t, a), decodeNumbers(t, b))
-}
-
-func decodeNumbers(t *testing.T, data []byte) any {
-	t.Helper()
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		t.Fatalf("decode %q: %v", data, err)
-	}
-	return v
-}
-
-func equalValues(a, b any) bool {
-	switch a := a.(type) {
-	case json.Number:
-		b, ok := b.(json.Number)
-		if !ok {
-			return false
-		}
-		fa, errA := strconv.ParseFloat(string(a), 64)
-		fb, errB := strconv.ParseFloat(string(b), 64)
-		return errA == nil && errB == nil && !math.IsInf(fa, 0) && fa == fb
-	case []any:
-		b, ok := b.([]any)
-		if !ok || len(a) != len(b) {
-			return false
-		}
-		for i := range a {
-			if !equalValues(a[i], b[i]) {
-				return false
-			}
-		}
-		return true
-	case map[string]any:
-		b, ok := b.(map[string]any)
-		if !ok || len(a) != len(b) {
-			return false
-		}
-		for k, v := range a {
-			if w, ok := b[k]; !ok || !equalValues(v, w) {
-				return false
-			}
-		}
-		return true
-	default:
-		return a == b
-	}
 }

@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/usagelog"

@@ -12,7 +12,7 @@ import (
 
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/outbox"
 )

@@ -24,6 +24,7 @@ import (
 	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/dberr"
+	"github.com/overage-billing/overage/internal/fastjson"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/usagelog"
@@ -1058,8 +1059,8 @@ func pgUUID(id uuid.UUID) pgtype.UUID {
 // billed). Both are deterministic, so both are stored under the key.
 func renderSingle(results []result) (*Outcome, error) {
 	r := results[0]
-	resp := logResponse{UsageLog: r.log, Duplicate: r.duplicate}
-	body, ok := appendLogResponse(make([]byte, 0, 512), &resp)
+	resp := fastjson.LogAnswer{UsageLog: r.log, Duplicate: r.duplicate}
+	body, ok := fastjson.RenderLog(&resp)
 	if !ok {
 		var err error
 		if body, err = json.Marshal(resp); err != nil {
@@ -1077,32 +1078,18 @@ func renderSingle(results []result) (*Outcome, error) {
 	return out, nil
 }
 
-// batchEvent is one element of a batch answer.
-type batchEvent struct {
-	Index     int  `json:"index"`
-	Duplicate bool `json:"duplicate"`
-	*overage.UsageLog
-}
-
-// batchResponse is the JSON of a batch answer.
-type batchResponse struct {
-	Events     []batchEvent `json:"events"`
-	Created    int          `json:"created"`
-	Duplicates int          `json:"duplicates"`
-}
-
 // renderBatch answers a batch: 202 with every event's log in request order.
 func renderBatch(results []result) (*Outcome, error) {
-	resp := batchResponse{Events: make([]batchEvent, len(results))}
+	resp := fastjson.BatchAnswer{Events: make([]fastjson.BatchEvent, len(results))}
 	for i, r := range results {
-		resp.Events[i] = batchEvent{Index: i, Duplicate: r.duplicate, UsageLog: r.log}
+		resp.Events[i] = fastjson.BatchEvent{Index: i, Duplicate: r.duplicate, UsageLog: r.log}
 		if r.duplicate {
 			resp.Duplicates++
 		} else {
 			resp.Created++
 		}
 	}
-	body, ok := appendBatchResponse(make([]byte, 0, batchResponseSize(results)), &resp)
+	body, ok := fastjson.RenderBatch(&resp)
 	if !ok {
 		var err error
 		if body, err = json.Marshal(resp); err != nil {
@@ -1231,12 +1218,6 @@ func (r storedResponse) replay(fp []byte, recorded map[uuid.UUID]*overage.UsageL
 		out.UsageLogID = *r.usageLogID
 	}
 	return out, nil
-}
-
-// logResponse is the JSON of a usage log in ingest responses.
-type logResponse struct {
-	*overage.UsageLog
-	Duplicate bool `json:"duplicate"`
 }
 
 // logsByRequestIDSQL reads the tenant's logs recorded under the

@@ -10,8 +10,8 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/outbox"
 )
 
@@ -67,7 +67,7 @@ func TestRiverRunsAnAvailableJobAtItsScheduledTimeNotBefore(t *testing.T) {
 		if _, err := pool.Exec(ctx, `DELETE FROM river_job WHERE kind = $1`, outbox.ReportArgs{}.Kind()); err != nil {
 			t.Fatal(err)
 		}
-		poll.Until(t, "the batch window to end", 5*time.Second, func() bool { return time.Now().After(due) })
+		polltest.Until(t, "the batch window to end", 5*time.Second, func() bool { return time.Now().After(due) })
 		select {
 		case <-ran: // the removed job ran before it was removed
 		default:

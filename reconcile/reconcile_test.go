@@ -17,8 +17,8 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/reconcile"

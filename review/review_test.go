@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/review"
 	"github.com/overage-billing/overage/stripeclient"
@@ -69,14 +69,14 @@ func (b *bundle) log(t *testing.T, id uuid.UUID) logRow {
 
 func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, want overage.BillingStatus, timeout time.Duration) {
 	t.Helper()
-	poll.Until(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool { return b.log(t, id).Status == want })
+	polltest.Until(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool { return b.log(t, id).Status == want })
 }
 
 // waitPastWindow polls the database clock — the one Resolve compares with —
 // until the log's first attempt is older than window.
 func (b *bundle) waitPastWindow(t *testing.T, id uuid.UUID, window time.Duration) {
 	t.Helper()
-	poll.Until(t, "the idempotency window to pass by the database clock", window+30*time.Second, func() bool {
+	polltest.Until(t, "the idempotency window to pass by the database clock", window+30*time.Second, func() bool {
 		var past bool
 		if err := b.Pool.QueryRow(context.Background(), `SELECT first_attempt_at + make_interval(secs => $2) <= now()
 			FROM usage_logs WHERE id = $1`, id, window.Seconds()).Scan(&past); err != nil {
@@ -198,7 +198,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 	// A run that sent something queues a follow-up of the next batch
 	// period, which finds nothing and completes too.
 	oldJobs := map[int64]bool{}
-	poll.Until(t, "the parked log's report jobs to complete", 20*time.Second, func() bool {
+	polltest.Until(t, "the parked log's report jobs to complete", 20*time.Second, func() bool {
 		jobs := b.reportJobs(t, parked)
 		for _, j := range jobs {
 			if j.State != "completed" {

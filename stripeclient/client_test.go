@@ -15,8 +15,8 @@ import (
 	stripe "github.com/stripe/stripe-go/v79"
 	"github.com/stripe/stripe-go/v79/billing/meterevent"
 
-	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/fakeclock"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
@@ -436,7 +436,7 @@ func TestWaitingForTheCustomerLockHonoursContext(t *testing.T) {
 		_, err := client.SendMeterEvent(holdCtx, event("cus_stuck", "usage-log:8:input"))
 		held <- err
 	}()
-	poll.Until(t, "the first call to reach the emulator", 10*time.Second, func() bool { return len(emu.Requests()) == 1 })
+	polltest.Until(t, "the first call to reach the emulator", 10*time.Second, func() bool { return len(emu.Requests()) == 1 })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/tenants"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/usagelog"
 )

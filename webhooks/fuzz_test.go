@@ -13,7 +13,7 @@ import (
 	"github.com/stripe/stripe-go/v79/webhook"
 
 	"github.com/overage-billing/overage/api"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/webhooks"
 )
 

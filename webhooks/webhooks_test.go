@@ -24,8 +24,8 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
@@ -171,7 +171,7 @@ func (h *harness) webhookJobs(t *testing.T, states ...rivertype.JobState) int {
 
 func (h *harness) waitAllProcessed(t *testing.T, n int) {
 	t.Helper()
-	poll.Until(t, fmt.Sprintf("%d processed events", n), 20*time.Second, func() bool {
+	polltest.Until(t, fmt.Sprintf("%d processed events", n), 20*time.Second, func() bool {
 		return h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NOT NULL`) == n &&
 			h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE processed_at IS NULL`) == 0
 	})
@@ -277,7 +277,7 @@ func TestSameDeliveryTwiceIsProcessedOnce(t *testing.T) {
 	if err := h.pool.QueryRow(context.Background(), `SELECT processed_at FROM stripe_webhook_events`).Scan(&first); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "the job to complete", 20*time.Second, func() bool {
+	polltest.Until(t, "the job to complete", 20*time.Second, func() bool {
 		return h.webhookJobs(t, rivertype.JobStateCompleted) == 1
 	})
 	h.deliver(t, body) // after processing: nothing new
@@ -525,9 +525,9 @@ func TestDeletedCustomerSuspendsTenantUntilACustomerStripeKnowsLiftsIt(t *testin
 		}
 		return len(res.Jobs)
 	}
-	poll.Until(t, "the other tenant's report to bill", 20*time.Second, func() bool { return status(lo.ID) == "billed" })
+	polltest.Until(t, "the other tenant's report to bill", 20*time.Second, func() bool { return status(lo.ID) == "billed" })
 	// The suspended tenant's job ran and completed, leaving its log as it was.
-	poll.Until(t, "the suspended tenant's job to complete", 20*time.Second, func() bool { return completedJobs() >= 1 })
+	polltest.Until(t, "the suspended tenant's job to complete", 20*time.Second, func() bool { return completedJobs() >= 1 })
 	if s := status(lg.ID); s != "pending" {
 		t.Fatalf("the suspended tenant's log is %s, want pending", s)
 	}
@@ -587,7 +587,7 @@ func TestDeletedCustomerSuspendsTenantUntilACustomerStripeKnowsLiftsIt(t *testin
 	if d.SuspendedAt != nil || d.SuspendedReason != nil || d.StripeCustomerID != cus || suspended() {
 		t.Fatalf("after the lift: %+v", d)
 	}
-	poll.Until(t, "the log that waited to bill", 20*time.Second, func() bool { return status(lg.ID) == "billed" })
+	polltest.Until(t, "the log that waited to bill", 20*time.Second, func() bool { return status(lg.ID) == "billed" })
 	if got := emu.Applied()[emulator.AppliedKey{Customer: cus, EventName: overage.DefaultMeterInputEvent}]; got != 100 {
 		t.Fatalf("Stripe holds %d input tokens for %s, want the 100 that waited", got, cus)
 	}
@@ -653,7 +653,7 @@ func TestPeriodicRetentionJobRunsUnderRiver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Stop(context.Background()) })
-	poll.Until(t, "retention and requeue", 20*time.Second, func() bool {
+	polltest.Until(t, "retention and requeue", 20*time.Second, func() bool {
 		return h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_old'`) == 0 &&
 			h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_jobless' AND processed_at IS NOT NULL`) == 1
 	})
@@ -727,7 +727,7 @@ func TestFinalizedInvoiceClosesItsPeriodInsideTheGrace(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- w.Run(runCtx) }()
 	defer func() { cancel(); <-done }()
-	poll.Until(t, "both logs billed", 20*time.Second, func() bool {
+	polltest.Until(t, "both logs billed", 20*time.Second, func() bool {
 		return h.count(t, `SELECT count(*) FROM usage_logs WHERE tenant_id = $1 AND billing_status = 'billed' AND stripe_timestamp = 'reported'`, tn.ID) == 2
 	})
 	var sum int64

@@ -10,7 +10,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/usagelog"

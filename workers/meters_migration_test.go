@@ -10,8 +10,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
@@ -79,12 +79,12 @@ func TestLogsOfBothShapesBillAcrossTheMetersMigration(t *testing.T) {
 			}
 		}
 	}()
-	poll.Until(t, "old-release writes under way", 10*time.Second, func() bool { return written.Load() >= 40 })
+	polltest.Until(t, "old-release writes under way", 10*time.Second, func() bool { return written.Load() >= 40 })
 	if _, err := migrations.Migrate(ctx, pool, nil); err != nil {
 		t.Fatal(err)
 	}
 	at := written.Load()
-	poll.Until(t, "old-release writes after the migration", 10*time.Second, func() bool { return written.Load() >= at+20 })
+	polltest.Until(t, "old-release writes after the migration", 10*time.Second, func() bool { return written.Load() >= at+20 })
 	close(stop)
 	wg.Wait()
 	if err := writeErr.Load(); err != nil {
@@ -128,7 +128,7 @@ func TestLogsOfBothShapesBillAcrossTheMetersMigration(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	total := written.Load() + 1
-	poll.Until(t, "every log billed", 60*time.Second, func() bool {
+	polltest.Until(t, "every log billed", 60*time.Second, func() bool {
 		var billed int64
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'`).Scan(&billed); err != nil {
 			t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/workers"
@@ -71,7 +71,7 @@ func TestEveryMeterIsBilledExactlyOnceUnderFaults(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	poll.Until(t, "every usage log billed or not billable", 60*time.Second, func() bool {
+	polltest.Until(t, "every usage log billed or not billable", 60*time.Second, func() bool {
 		var left int
 		if err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE billing_status NOT IN ('billed', 'not_billable')`).Scan(&left); err != nil {
 			t.Fatal(err)

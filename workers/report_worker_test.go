@@ -13,9 +13,9 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
@@ -61,7 +61,7 @@ func (b *bundle) status(t *testing.T, id uuid.UUID) (overage.BillingStatus, stri
 
 func (b *bundle) waitStatus(t *testing.T, id uuid.UUID, want overage.BillingStatus, timeout time.Duration) {
 	t.Helper()
-	poll.Until(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool {
+	polltest.Until(t, fmt.Sprintf("usage log %s to be %s", id, want), timeout, func() bool {
 		s, _ := b.status(t, id)
 		return s == want
 	})
@@ -181,9 +181,9 @@ func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
 	b := setup(t, emulator.Faults{LostResponseRate: 1})
 	id := b.Record(t, "cus_a", 100, 0)
 	stop := b.Start(t, workers.Config{})
-	poll.Until(t, "the lost response", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 1 })
+	polltest.Until(t, "the lost response", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 1 })
 	b.Emu.SetFaults(emulator.Faults{ServerErrorRate: 1})
-	poll.Until(t, "a River retry", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 2 })
+	polltest.Until(t, "a River retry", 20*time.Second, func() bool { return len(b.requestsFor(t, id, overage.DimensionInput)) >= 2 })
 	stop() // restart: a new process picks the job up
 	b.Emu.SetFaults(emulator.Faults{})
 	b.Start(t, workers.Config{})
@@ -212,7 +212,7 @@ func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 	b := setupAttempts(t, emulator.Faults{LostResponseRate: 1}, 1)
 	id := b.Record(t, "cus_b", 40, 2)
 	stop := b.Start(t, workers.Config{MaxAttempts: 1})
-	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
+	polltest.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
 	if s, _ := b.status(t, id); s != overage.BillingStatusPending {
 		t.Fatalf("status %s, want pending", s)
 	}
@@ -261,14 +261,18 @@ func TestSweepSkipsTenantsWithALiveJob(t *testing.T) {
 	if n := countJobs(t, b.River, rivertype.JobStateAvailable); n != 2 {
 		t.Fatalf("%d report jobs, want one per tenant", n)
 	}
-	time.Sleep(5 * time.Millisecond) // past the 1 ms grace
-	res, err := sweeper.Sweep(context.Background(), rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Requeued != 0 || res.Skipped != 2 {
-		t.Fatalf("sweep with live jobs: %+v, want 2 skipped", res)
-	}
+	// Swept until both tenants' logs are past the 1 ms grace: each sweep
+	// finds their jobs live and requeues none.
+	polltest.Until(t, "a sweep that sees both tenants", 5*time.Second, func() bool {
+		res, err := sweeper.Sweep(context.Background(), rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Requeued != 0 || res.Skipped > 2 {
+			t.Fatalf("sweep with live jobs: %+v, want 2 skipped", res)
+		}
+		return res.Skipped == 2
+	})
 	jobs, err := rc.JobList(context.Background(), river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()))
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +282,7 @@ func TestSweepSkipsTenantsWithALiveJob(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	res, err = sweeper.Sweep(context.Background(), rc)
+	res, err := sweeper.Sweep(context.Background(), rc)
 	if err != nil || res.Requeued != 2 {
 		t.Fatalf("sweep after discard: %+v %v, want 2 requeued", res, err)
 	}
@@ -305,7 +309,7 @@ func TestWindowGuardParksAReportsLogsAndStopsSending(t *testing.T) {
 	// run (the sweep queues none for parked logs). So the requests the
 	// emulator saw are all there will be.
 	// A job that parked the logs may still be finishing.
-	poll.Until(t, "no report job left that could send", 10*time.Second, func() bool {
+	polltest.Until(t, "no report job left that could send", 10*time.Second, func() bool {
 		return len(reportJobs(t, b.River, rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRetryable,
 			rivertype.JobStateRunning, rivertype.JobStateScheduled)) == 0
 	})
@@ -344,7 +348,7 @@ func TestPermanentErrorFailsTheLogAndStopsRetrying(t *testing.T) {
 		t.Fatalf("report of the failed log is %s, want failed", r.state)
 	}
 	// The report is settled: its job completes instead of retrying.
-	poll.Until(t, "the report jobs to complete", 10*time.Second, func() bool {
+	polltest.Until(t, "the report jobs to complete", 10*time.Second, func() bool {
 		return countJobs(t, b.River, rivertype.JobStateCompleted) >= 2 && countJobs(t, b.River, rivertype.JobStateRetryable)+countJobs(t, b.River, rivertype.JobStateAvailable) == 0
 	})
 	if n := len(b.requestsFor(t, id, overage.DimensionInput)); n != 1 {
@@ -385,7 +389,7 @@ func TestOneHangingCustomerDoesNotHoldEveryWorker(t *testing.T) {
 		}
 		return sent
 	}
-	poll.Until(t, "the hanging customer's report to be in flight", 10*time.Second, func() bool { return sentToB() > 0 })
+	polltest.Until(t, "the hanging customer's report to be in flight", 10*time.Second, func() bool { return sentToB() > 0 })
 	if sent := sentToB(); sent != 1 {
 		t.Fatalf("%d calls reached Stripe for the hanging customer, want the one in flight", sent)
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/riverqueue/river/rivertype"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/internal/poll"
-	"github.com/overage-billing/overage/internal/worktest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
@@ -60,13 +60,13 @@ func TestReportIsTheSameEventAcrossRetriesAndARestart(t *testing.T) {
 		ids = append(ids, b.Record(t, "cus_a", int64(10+i), 0))
 	}
 	stop := b.Start(t, workers.Config{})
-	poll.Until(t, "the lost answer", 20*time.Second, func() bool { return len(b.Emu.Requests()) >= 1 })
+	polltest.Until(t, "the lost answer", 20*time.Second, func() bool { return len(b.Emu.Requests()) >= 1 })
 	formed := b.reportOf(t, ids[0], overage.DimensionInput)
 	if formed.lead != ids[0] || !slices.Equal(formed.members, ids) || formed.value != 60 {
 		t.Fatalf("report %+v, want the five logs led by the oldest, worth 60", formed)
 	}
 	b.Emu.SetFaults(emulator.Faults{ServerErrorRate: 1})
-	poll.Until(t, "a River retry", 20*time.Second, func() bool { return len(requestsOf(t, b, formed, overage.DimensionInput)) >= 2 })
+	polltest.Until(t, "a River retry", 20*time.Second, func() bool { return len(requestsOf(t, b, formed, overage.DimensionInput)) >= 2 })
 	stop()
 	b.Emu.SetFaults(emulator.Faults{})
 	b.Start(t, workers.Config{})
@@ -105,7 +105,7 @@ func TestSweepResendsAFormedReportAndFormsANewOneForNewLogs(t *testing.T) {
 		}
 	}
 	stop := b.Start(t, workers.Config{MaxAttempts: 1})
-	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
+	polltest.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
 	stop()
 	formed := b.reportOf(t, first[0], overage.DimensionInput)
 	if s, _ := b.status(t, first[0]); s != overage.BillingStatusPending || formed.state != "open" {
@@ -145,7 +145,7 @@ func TestLogsArrivingWhileAReportIsInFlightGoToTheNextReport(t *testing.T) {
 	b := setup(t, emulator.Faults{Latency: 1500 * time.Millisecond})
 	first := []uuid.UUID{b.Record(t, "cus_a", 10, 1), b.Record(t, "cus_a", 20, 2)}
 	b.Start(t, workers.Config{})
-	poll.Until(t, "the first report in flight", 20*time.Second, func() bool {
+	polltest.Until(t, "the first report in flight", 20*time.Second, func() bool {
 		for _, r := range b.Emu.Requests() {
 			if r.Outcome == emulator.OutcomePending {
 				return true
@@ -271,7 +271,7 @@ func TestALogCommittedAfterItsJobRanIsBilledByTheFollowUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	var followUp *rivertype.JobRow
-	poll.Until(t, "a follow-up report job", 10*time.Second, func() bool {
+	polltest.Until(t, "a follow-up report job", 10*time.Second, func() bool {
 		res, err := rc.JobList(ctx, river.NewJobListParams().Kinds(outbox.ReportArgs{}.Kind()).
 			States(rivertype.JobStateAvailable, rivertype.JobStateScheduled))
 		if err != nil {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/workers"
 )
@@ -50,7 +50,7 @@ func TestAbandonedStreamIsClosedByTheWorkers(t *testing.T) {
 		}
 		return true, *by
 	}
-	poll.Until(t, "the abandoned stream to be closed", 20*time.Second, func() bool { ok, _ := closed("abandoned"); return ok })
+	polltest.Until(t, "the abandoned stream to be closed", 20*time.Second, func() bool { ok, _ := closed("abandoned"); return ok })
 	if ok, by := closed("abandoned"); by != "idle" || !ok {
 		t.Fatalf("abandoned stream closed by %q", by)
 	}
@@ -63,7 +63,7 @@ func TestAbandonedStreamIsClosedByTheWorkers(t *testing.T) {
 	if err := send("active", 1, 90); err != nil {
 		t.Fatalf("a checkpoint of the open stream: %v", err)
 	}
-	poll.Until(t, "every log billed", 30*time.Second, func() bool {
+	polltest.Until(t, "every log billed", 30*time.Second, func() bool {
 		var pending int
 		if err := b.Pool.QueryRow(context.Background(), `SELECT count(*) FROM usage_logs WHERE billing_status <> 'billed'`).Scan(&pending); err != nil {
 			t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/alerts"
-	"github.com/overage-billing/overage/internal/apitest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/aptinstall"
 )
 

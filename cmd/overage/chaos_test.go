@@ -20,10 +20,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 	"github.com/overage-billing/overage/stripeclient/emulator"
+
+	"go.uber.org/goleak"
 )
 
 // childEnv makes the test binary act as the overage binary: the chaos test
@@ -38,7 +42,8 @@ func TestMain(m *testing.M) {
 		main2(strings.Fields(args))
 		return
 	}
-	os.Exit(m.Run())
+	// Otherwise the tests, failed if a goroutine outlives them.
+	goleak.VerifyTestMain(m)
 }
 
 // main2 is main with given arguments.
@@ -255,13 +260,9 @@ func TestChaos(t *testing.T) {
 		return cmd, &stderr
 	}
 	waitBilled := func(atLeast int, timeout time.Duration) {
-		deadline := time.Now().Add(timeout)
-		for count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'") < atLeast {
-			if time.Now().After(deadline) {
-				t.Fatalf("fewer than %d logs billed after %s", atLeast, timeout)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		polltest.Until(t, fmt.Sprintf("%d logs billed", atLeast), timeout, func() bool {
+			return count("SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'") >= atLeast
+		})
 	}
 
 	// Kill -9 between send and commit: Stripe has applied a report (its
@@ -273,19 +274,17 @@ func TestChaos(t *testing.T) {
 	emu.SetFaults(slow)
 	cmd, stderr := startWorker()
 	var caught string
-	deadline := time.Now().Add(2 * time.Minute)
-	for caught == "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("no report applied at Stripe and open in PostgreSQL within 2 minutes; worker stderr:\n%s", tail(stderr.String(), 20))
-		}
+	if err := poll.Wait(context.Background(), "a report applied at Stripe and open in PostgreSQL", 2*time.Minute, 5*time.Millisecond, func() (bool, error) {
 		for _, e := range emu.Events() {
 			if count(`SELECT count(*) FROM usage_reports WHERE state = 'open'
 				AND 'usage-log:' || lead_usage_log_id || ':' || dimension = '`+e.Identifier+`'`) == 1 {
 				caught = e.Identifier
-				break
+				return true, nil
 			}
 		}
-		time.Sleep(5 * time.Millisecond)
+		return false, nil
+	}); err != nil {
+		t.Fatalf("%v; worker stderr:\n%s", err, tail(stderr.String(), 20))
 	}
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -310,28 +309,25 @@ func TestChaos(t *testing.T) {
 
 	cmd, stderr = startWorker("WORK_LISTEN_ADDR=127.0.0.1:0", "LOG_LEVEL=info")
 	healthAddr := loggedAddr(t, stderr, "work health and metrics")
-	deadline = time.Now().Add(4 * time.Minute)
-	for count("SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'") > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("logs still pending after 4 minutes; worker stderr:\n%s", tail(stderr.String(), 20))
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := poll.Wait(context.Background(), "no log pending", 4*time.Minute, 100*time.Millisecond, func() (bool, error) {
+		return count("SELECT count(*) FROM usage_logs WHERE billing_status = 'pending'") == 0, nil
+	}); err != nil {
+		t.Fatalf("%v; worker stderr:\n%s", err, tail(stderr.String(), 20))
 	}
 	// The work process serves its health and metrics, which moved with the
-	// reports it made.
+	// reports it made. (A timeout here is reported by the checks below,
+	// with the body.)
 	metricsBody := ""
-	for range 100 {
+	_ = poll.Wait(context.Background(), "work /metrics with no log pending", 5*time.Second, 50*time.Millisecond, func() (bool, error) {
 		res, err := httpClient.Get("http://" + healthAddr + "/metrics")
-		if err == nil {
-			b, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			metricsBody = string(b)
-			if strings.Contains(metricsBody, "overage_pending_usage_logs 0") {
-				break
-			}
+		if err != nil {
+			return false, nil
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		metricsBody = string(b)
+		return strings.Contains(metricsBody, "overage_pending_usage_logs 0"), nil
+	})
 	for _, want := range []string{`overage_stripe_calls_total{outcome="accepted"}`, "overage_pending_usage_logs 0", "overage_stripe_call_duration_seconds_count"} {
 		if !strings.Contains(metricsBody, want) {
 			t.Fatalf("work /metrics lacks %q:\n%s", want, tail(metricsBody, 40))

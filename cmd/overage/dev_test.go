@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/workers"
@@ -353,7 +353,7 @@ func TestDevKeepRunningPrintsAdminAccess(t *testing.T) {
 			events := map[bool]string{true: "3", false: "0"}[given == ""]
 			done <- run(ctx, []string{"dev", "--events", events, "--keep-running"}, &out, io.Discard, func(k string) string { return env[k] })
 		}()
-		poll.Until(t, "the demo to print its admin access", 60*time.Second, func() bool { return strings.Contains(out.String(), "/riverui/api/jobs") })
+		polltest.Until(t, "the demo to print its admin access", 60*time.Second, func() bool { return strings.Contains(out.String(), "/riverui/api/jobs") })
 		demoTook := time.Since(started)
 		printed := out.String()
 		token := regexp.MustCompile(`Admin token \([^)]*\):\n\n  (\S+)\n`).FindStringSubmatch(printed)

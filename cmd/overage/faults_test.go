@@ -17,7 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 )
 
@@ -121,7 +121,7 @@ func (c *child) stop(t *testing.T, grace time.Duration) (error, time.Duration) {
 func loggedAddr(t *testing.T, stderr *syncbuf.Buffer, msg string) string {
 	t.Helper()
 	var addr string
-	poll.Until(t, fmt.Sprintf("the %q log line and its address", msg), 30*time.Second, func() bool {
+	polltest.Until(t, fmt.Sprintf("the %q log line and its address", msg), 30*time.Second, func() bool {
 		for _, line := range strings.Split(stderr.String(), "\n") {
 			var l struct{ Msg, Addr string }
 			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg && l.Addr != "" {

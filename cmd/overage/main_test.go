@@ -13,8 +13,8 @@ import (
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/internal/apitest"
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/apitest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
 
 // TestMeterCommandsAndAPIManageTheCatalog drives `overage meter` and

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
@@ -58,20 +58,20 @@ func TestDatabaseOutageUnderLoad(t *testing.T) {
 		return res.StatusCode == http.StatusOK
 	}
 	addr, workAddr := loggedAddr(t, serve.stderr, "serving"), loggedAddr(t, work.stderr, "work health and metrics")
-	poll.Until(t, "serve and work ready", 30*time.Second, func() bool { return ready(addr) && ready(workAddr) })
+	polltest.Until(t, "serve and work ready", 30*time.Second, func() bool { return ready(addr) && ready(workAddr) })
 
 	fl := newFlood(addr, w.apiKey)
 	fl.batchEvery = 4 // batches of five too
 	stop := make(chan struct{})
 	wg := fl.run(6, stop, 2*time.Minute, false)
-	poll.Until(t, "reports accepted by Stripe before the cut", time.Minute, func() bool { return len(emu.Events()) >= 20 })
+	polltest.Until(t, "reports accepted by Stripe before the cut", time.Minute, func() bool { return len(emu.Events()) >= 20 })
 
 	// Cut while a report is at Stripe (each is held there 150 ms), so its
 	// acceptance cannot be committed and must be resent under its key.
-	poll.Until(t, "a report in flight at Stripe", time.Minute, func() bool { return emu.InFlight() > 0 })
+	polltest.Until(t, "a report in flight at Stripe", time.Minute, func() bool { return emu.InFlight() > 0 })
 	proxy.SetDown(true)
 	cutAt := time.Now()
-	poll.Until(t, "503s during the cut", outage, func() bool {
+	polltest.Until(t, "503s during the cut", outage, func() bool {
 		fl.mu.Lock()
 		defer fl.mu.Unlock()
 		return len(fl.unavailable) >= 5
@@ -81,8 +81,8 @@ func TestDatabaseOutageUnderLoad(t *testing.T) {
 		t.Fatal("ready while the database is unreachable")
 	}
 	proxy.SetDown(false)
-	poll.Until(t, "serve and work ready again, without a restart", time.Minute, func() bool { return ready(addr) && ready(workAddr) })
-	poll.Until(t, "events acknowledged after the cut", time.Minute, func() bool {
+	polltest.Until(t, "serve and work ready again, without a restart", time.Minute, func() bool { return ready(addr) && ready(workAddr) })
+	polltest.Until(t, "events acknowledged after the cut", time.Minute, func() bool {
 		fl.mu.Lock()
 		defer fl.mu.Unlock()
 		return len(fl.acked) >= int(fl.next.Load())/2+50
@@ -111,7 +111,7 @@ func TestDatabaseOutageUnderLoad(t *testing.T) {
 		t.Fatalf("%d usage logs for %d acknowledged events", stored, acked)
 	}
 
-	poll.Until(t, "every log billed", 3*time.Minute, func() bool {
+	polltest.Until(t, "every log billed", 3*time.Minute, func() bool {
 		return w.count(t, "SELECT count(*) FROM usage_logs WHERE billing_status <> 'billed'") == 0
 	})
 	billingtest.RequireStripeMatchesBilled(t, w.pool, emu)

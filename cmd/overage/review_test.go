@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/overage-billing/overage/internal/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/tenants"
 )
 

@@ -19,9 +19,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/overage-billing/overage/internal/httpx"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/aptinstall"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 )
 
 // TestRiverUIOpensInABrowser signs in to River UI in a real headless
@@ -102,12 +102,12 @@ func TestRiverUIOpensInABrowser(t *testing.T) {
 			return err == nil && ok
 		}
 	}
-	poll.Until(t, "River UI after signing in", 30*time.Second,
+	polltest.Until(t, "River UI after signing in", 30*time.Second,
 		shows(`document.readyState === "complete" && location.pathname.startsWith("/riverui/") && location.pathname !== "/riverui/login"`))
 	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/riverui/jobs?state=available")); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "River UI to list the report job", 30*time.Second, shows(`document.body.innerText.includes("overage.report_tenant")`))
+	polltest.Until(t, "River UI to list the report job", 30*time.Second, shows(`document.body.innerText.includes("overage.report_tenant")`))
 	c := sessionCookie(t, ctx, base)
 	if c == nil || !c.Secure || !c.HTTPOnly || c.SameSite != network.CookieSameSiteStrict || c.Path != "/riverui" || strings.Contains(c.Value, adminToken) {
 		t.Fatalf("session cookie %+v: want Secure, HttpOnly, SameSite=Strict, Path=/riverui, without the token", c)

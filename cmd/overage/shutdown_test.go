@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
@@ -21,7 +21,7 @@ func TestServeShutdownUnderLoad(t *testing.T) {
 	w := newFaultWorld(t, dbURL)
 	serve := startChild(t, "serve", "DATABASE_URL="+dbURL+"&pool_max_conns=8", "LISTEN_ADDR=127.0.0.1:0", "LOG_LEVEL=info")
 	addr := loggedAddr(t, serve.stderr, "serving")
-	poll.Until(t, "serve ready", 30*time.Second, func() bool {
+	polltest.Until(t, "serve ready", 30*time.Second, func() bool {
 		res, err := httpClient.Get("http://" + addr + "/readyz")
 		if err == nil {
 			res.Body.Close()
@@ -33,7 +33,7 @@ func TestServeShutdownUnderLoad(t *testing.T) {
 	fl.batchEvery = 4 // batches of five too
 	stop := make(chan struct{})
 	wg := fl.run(8, stop, 10*time.Second, true)
-	poll.Until(t, "events flowing", 30*time.Second, func() bool {
+	polltest.Until(t, "events flowing", 30*time.Second, func() bool {
 		fl.mu.Lock()
 		defer fl.mu.Unlock()
 		return len(fl.acked) >= 100
@@ -79,7 +79,7 @@ func TestWorkShutdownWithReportsInFlight(t *testing.T) {
 		// Small reports, so several are in flight when the stop comes.
 		"REPORT_BATCH_MAX=5"}
 	work := startChild(t, "work", env...)
-	poll.Until(t, "reports in flight at Stripe", time.Minute, func() bool { return len(emu.Events()) >= 4 && emu.InFlight() > 0 })
+	polltest.Until(t, "reports in flight at Stripe", time.Minute, func() bool { return len(emu.Events()) >= 4 && emu.InFlight() > 0 })
 	err, took := work.stop(t, time.Minute)
 	if err != nil {
 		t.Fatalf("work exited with %v after SIGTERM\n%s", err, tail(work.stderr.String(), 20))
@@ -96,7 +96,7 @@ func TestWorkShutdownWithReportsInFlight(t *testing.T) {
 	t.Logf("work stopped in %s: %d logs billed, Stripe had applied %d meter events", took, billedAtStop, appliedAtStop)
 
 	startChild(t, "work", env...)
-	poll.Until(t, "every log billed by the next worker", 2*time.Minute, func() bool {
+	polltest.Until(t, "every log billed by the next worker", 2*time.Minute, func() bool {
 		return w.count(t, "SELECT count(*) FROM usage_logs WHERE billing_status <> 'billed'") == 0
 	})
 	billingtest.RequireStripeMatchesBilled(t, w.pool, emu)

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overage-billing/overage/internal/billingtest"
-	"github.com/overage-billing/overage/internal/pgtest"
-	"github.com/overage-billing/overage/internal/poll"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
@@ -62,7 +62,7 @@ func TestStripeDownForHours(t *testing.T) {
 		}
 		return ""
 	}
-	poll.Until(t, "every early log tried", 30*time.Second, func() bool {
+	polltest.Until(t, "every early log tried", 30*time.Second, func() bool {
 		return w.count(t, "SELECT count(*) FROM usage_logs WHERE first_attempt_at IS NULL") == 0
 	})
 	tried := time.Now()
@@ -97,7 +97,7 @@ func TestStripeDownForHours(t *testing.T) {
 	recovered := time.Now()
 	emu.SetFaults(emulator.Faults{})
 
-	poll.Until(t, "every log billed or in review", time.Minute, func() bool {
+	polltest.Until(t, "every log billed or in review", time.Minute, func() bool {
 		return w.count(t, "SELECT count(*) FROM usage_logs WHERE billing_status NOT IN ('billed', 'needs_review')") == 0
 	})
 	var late []string

@@ -2,7 +2,8 @@
 // development build (`overage dev`), never for the production binary
 // (TestProductionBinaryCarriesNoTestKit checks it): a fake clock, a
 // flaky HTTP proxy, a goroutine-safe buffer, a throwaway PostgreSQL in
-// Docker, and the installer of the commands some tests need. The test
-// servers and worlds with a `test` suffix (internal/apitest, worktest,
-// billingtest, pgtest) are test-only too.
+// Docker, the installer of the commands some tests need, and the test
+// servers, worlds and waits with a `test` suffix (apitest, worktest,
+// billingtest, pgtest, polltest) and jsonvalue, the fuzz targets' oracle
+// of JSON equality.
 package testkit

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/fakeclock"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
@@ -255,7 +255,7 @@ func holdInFlight(t *testing.T, h *harness, idemKey string, form url.Values) (ca
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan answer, 1)
 	go func() { done <- h.do(ctx, testKey, idemKey, form) }()
-	poll.Until(t, "the first request to be in flight", 10*time.Second, func() bool { return h.emu.InFlight() == 1 })
+	polltest.Until(t, "the first request to be in flight", 10*time.Second, func() bool { return h.emu.InFlight() == 1 })
 	// Later requests must not be delayed; the held one keeps its latency.
 	h.emu.SetFaults(emulator.Faults{})
 	var once sync.Once
@@ -286,7 +286,7 @@ func TestKeyInUseWhileInFlight(t *testing.T) {
 	if first := release(); first.err == nil {
 		t.Errorf("held request answered %d after its client left", first.status)
 	}
-	poll.Until(t, "the held request to finish", 10*time.Second, func() bool { return h.emu.InFlight() == 0 })
+	polltest.Until(t, "the held request to finish", 10*time.Second, func() bool { return h.emu.InFlight() == 0 })
 	if n := h.emu.AppliedCount("id-1"); n != 0 {
 		t.Fatalf("AppliedCount %d after the client left mid-processing, want 0", n)
 	}
@@ -322,7 +322,7 @@ func TestConcurrentCallsForOneCustomerAndMeter(t *testing.T) {
 	}
 	// The 429 saved nothing: the same key goes through once the slot frees.
 	release()
-	poll.Until(t, "the slot to free", 10*time.Second, func() bool { return h.emu.InFlight() == 0 })
+	polltest.Until(t, "the slot to free", 10*time.Second, func() bool { return h.emu.InFlight() == 0 })
 	if b := h.post("k2", meterForm("cus_a", "id-2", 1)); b.status != 200 || b.header.Get("Idempotent-Replayed") != "" {
 		t.Errorf("retry after 429: status %d replayed=%q", b.status, b.header.Get("Idempotent-Replayed"))
 	}
@@ -520,7 +520,7 @@ func TestBlackholedCustomer(t *testing.T) {
 	if n := h.emu.AppliedCount("id-1"); n != 0 {
 		t.Errorf("AppliedCount %d, want 0", n)
 	}
-	poll.Until(t, "the outcome to be recorded", 10*time.Second, func() bool {
+	polltest.Until(t, "the outcome to be recorded", 10*time.Second, func() bool {
 		r := h.emu.Requests()
 		return len(r) == 1 && r[0].Outcome == emulator.OutcomeBlackholed
 	})
@@ -534,7 +534,7 @@ func TestCloseReleasesHeldRequests(t *testing.T) {
 	h := start(t, emulator.Options{Faults: emulator.Faults{BlackholeCustomers: []string{"cus_void"}}})
 	done := make(chan answer, 1)
 	go func() { done <- h.post("k1", meterForm("cus_void", "id-1", 1)) }()
-	poll.Until(t, "the request to be held", 10*time.Second, func() bool {
+	polltest.Until(t, "the request to be held", 10*time.Second, func() bool {
 		r := h.emu.Requests()
 		return len(r) == 1 && r[0].Outcome == emulator.OutcomeBlackholed
 	})

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage/stripeclient"
+
+	"go.uber.org/goleak"
 )
 
 // The test binary doubles as the emulator binary: re-executed with this
@@ -25,7 +27,8 @@ func TestMain(m *testing.M) {
 	if args, ok := os.LookupEnv(childEnv); ok {
 		os.Exit(exitStatus(run(strings.Fields(args))))
 	}
-	os.Exit(m.Run())
+	// Otherwise the tests, failed if a goroutine outlives them.
+	goleak.VerifyTestMain(m)
 }
 
 func TestStandaloneEmulator(t *testing.T) {

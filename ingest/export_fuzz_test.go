@@ -1,4 +1,0 @@
-package ingest
-
-// CanonicalJSON is canonicalJSON, for the HTTP fuzz target's oracle.
-var CanonicalJSON = canonicalJSON
