@@ -2,7 +2,9 @@ package alerts_test
 
 import (
 	"context"
+	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -107,6 +109,26 @@ func BenchmarkUsage(b *testing.B) {
 	wg.Wait()
 	if _, err := w.pool.Exec(context.Background(), `UPDATE usage_logs SET billing_status = 'billed' WHERE id IN (SELECT id FROM usage_logs WHERE billing_status = 'pending' LIMIT 5000)`); err != nil {
 		b.Fatal(err)
+	}
+	// USAGE_BENCH_LOGS=10000000 adds that many billed logs (of this tenant
+	// and 99 others, this period and the last twelve), a million a
+	// statement, through the counters' triggers, as ingest and billing
+	// would have left them: the read must not grow with them.
+	if n, _ := strconv.Atoi(os.Getenv("USAGE_BENCH_LOGS")); n > 0 {
+		others := []uuid.UUID{w.tenant}
+		for range 99 {
+			others = append(others, w.anotherTB(b, worldOpts{in: 1000, out: 1000}).tenant)
+		}
+		for done := 0; done < n; done += 1_000_000 {
+			if _, err := w.pool.Exec(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
+					period_start, overage_input_tokens, overage_output_tokens, billing_status, billed_at)
+				SELECT gen_random_uuid(), ($1::uuid[])[1 + g % 100], now() - make_interval(days => (g % 365)::int), 'u', 'm', 10, 5,
+					date_trunc('month', now() - make_interval(days => (g % 365)::int), 'UTC'), 10, 5, 'billed', now()
+				FROM generate_series($2::bigint, $3::bigint) AS g`, others, done, min(done+1_000_000, n)-1); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Logf("seeded %d billed usage logs over 100 tenants and 12 months", n)
 	}
 	ds := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
