@@ -20,6 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/meters.lib.sh
+export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DURATION=${DURATION:-16}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_bench}
