@@ -120,6 +120,8 @@ type fastScan struct {
 	now time.Time
 	// noTime is the timestamp of an event that names none.
 	noTime time.Time
+	// slab holds the optional counts' values (part).
+	slab []int64
 }
 
 func (p *fastScan) space() { p.i = skipSpace(p.data, p.i) }
@@ -181,6 +183,23 @@ func (p *fastScan) tokens() (int64, bool) {
 	return n, true
 }
 
+// part reads an optional count (cache_read_input_tokens, …) as tokens
+// does, into the scan's slab: a batch's parts take one allocation per 256.
+// A null is left to the decoder path.
+func (p *fastScan) part() (*int64, bool) {
+	n, ok := p.tokens()
+	if !ok {
+		return nil, false
+	}
+	if len(p.slab) == 0 {
+		p.slab = make([]int64, 256)
+	}
+	v := &p.slab[0]
+	p.slab = p.slab[1:]
+	*v = n
+	return v, true
+}
+
 // Fields of an event, for fastScan.event's check that each comes at most
 // once.
 const (
@@ -191,6 +210,9 @@ const (
 	fastOutput
 	fastTimestamp
 	fastTenantID
+	fastCacheRead
+	fastCacheWrite
+	fastReasoning
 	fastRequired = fastUserID | fastModelID | fastInput | fastOutput
 )
 
@@ -233,6 +255,15 @@ func (p *fastScan) event(ev *Event) (rid string, hasRID, ok bool) {
 		case fieldTimestamp:
 			field = fastTimestamp
 			ok = p.timestamp(ev)
+		case fieldCacheRead:
+			field = fastCacheRead
+			ev.Parts.CacheRead, ok = p.part()
+		case fieldCacheWrite:
+			field = fastCacheWrite
+			ev.Parts.CacheWrite, ok = p.part()
+		case fieldReasoning:
+			field = fastReasoning
+			ev.Parts.Reasoning, ok = p.part()
 		case "tenant_id":
 			field = fastTenantID
 			var s string
@@ -258,6 +289,11 @@ func (p *fastScan) event(ev *Event) (rid string, hasRID, ok bool) {
 		return "", false, false
 	}
 	if seen&fastRequired != fastRequired || (ev.InputTokens == 0 && ev.OutputTokens == 0) {
+		return "", false, false
+	}
+	// Parts larger than their totals are refused, worded, by the decoder
+	// path.
+	if ev.Parts.Input() > ev.InputTokens || (ev.Parts.Reasoning != nil && *ev.Parts.Reasoning > ev.OutputTokens) {
 		return "", false, false
 	}
 	if seen&fastTimestamp == 0 {

@@ -51,6 +51,14 @@ var fastEventBodies = []string{
 	`{}`,
 	`[]`,
 	``,
+	// The optional counts; parts above their totals, a null and a field twice
+	// are left to the decoder path.
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":1200,"output_tokens":350,"cache_read_input_tokens":800}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"cache_read_input_tokens":4,"cache_creation_input_tokens":6,"reasoning_output_tokens":5}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"cache_read_input_tokens":4,"cache_creation_input_tokens":7}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"reasoning_output_tokens":6}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"cache_read_input_tokens":null}`,
+	`{"request_id":"r1","user_id":"u","model_id":"m","input_tokens":10,"output_tokens":5,"cache_read_input_tokens":1,"cache_read_input_tokens":2}`,
 }
 
 // fastBatchBodies are batches for FuzzFastParse besides each event alone.
@@ -73,7 +81,9 @@ var fastBatchBodies = []string{
 // is what the decoder path decides.
 func TestFastParsersTakeHonestBodies(t *testing.T) {
 	t.Parallel()
-	for _, body := range []string{fastEventBodies[0], fastEventBodies[1], fastEventBodies[2], fastEventBodies[14], fastEventBodies[16], fastEventBodies[21]} {
+	n := len(fastEventBodies)
+	for _, body := range []string{fastEventBodies[0], fastEventBodies[1], fastEventBodies[2], fastEventBodies[14], fastEventBodies[16], fastEventBodies[21],
+		fastEventBodies[n-6], fastEventBodies[n-5]} { // with cache reads, cache writes and reasoning
 		if _, ok := parseEventFast([]byte(body), fastNow); !ok {
 			t.Errorf("the fast parser leaves %s to the decoder", body)
 		}
