@@ -47,6 +47,8 @@ type ReportWorker struct {
 	// hands its remaining work back (a snooze) after half of it.
 	jobTimeout time.Duration
 	batchMax   int
+	// roundTries: see Config.RoundTries.
+	roundTries int
 	// inserter queues the follow-up job (see Work).
 	inserter *outbox.Inserter
 }
@@ -54,11 +56,11 @@ type ReportWorker struct {
 // claimLimit bounds the open reports one round sends again.
 const claimLimit = 20
 
-// roundTries is how many rounds in a row may fail transiently, settling
-// nothing, before a run ends: at a 40% error rate a report's three sends
+// defaultRoundTries is how many rounds in a row may fail transiently,
+// settling nothing, before a run ends (Config.RoundTries): at a 40% error rate a report's three sends
 // all fail 6% of the time, so a run is rarely spent on a flaky Stripe,
 // while one that is down still ends the run within a second.
-const roundTries = 3
+const defaultRoundTries = 3
 
 // roundWait is the wait before the next round after fails rounds in a row
 // failed: 100 ms doubling, jittered.
@@ -163,13 +165,13 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 		default:
 			// A transient failure: the failed reports were released, so
 			// the next round claims them again, after a short wait. A run
-			// ends on roundTries rounds in a row that settled nothing.
+			// ends on w.roundTries rounds in a row that settled nothing.
 			if settled {
 				fails = 0
 			} else {
 				fails++
 			}
-			if fails >= roundTries || time.Now().After(handBack) || !sleepCtx(ctx, roundWait(max(fails, 1))) {
+			if fails >= w.roundTries || time.Now().After(handBack) || !sleepCtx(ctx, roundWait(max(fails, 1))) {
 				return w.failed(ctx, job, progressed, err)
 			}
 			continue

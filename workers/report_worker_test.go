@@ -206,8 +206,8 @@ func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
 }
 
 // loseThenFail waits for lost answers (a run that formed its reports and
-// lost their answers made progress: the job completes and queues a
-// follow-up), then fails every call, so the follow-up makes no progress and,
+// lost their answers made progress: with RoundTries 1 it ends there, and
+// its follow-up runs after the first backoff step), then fails every call, so the follow-up makes no progress and,
 // with one attempt, is discarded while the logs stay pending.
 func (b *bundle) loseThenFail(t *testing.T, lost int) {
 	t.Helper()
@@ -230,7 +230,7 @@ func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 	// it.
 	b := setupAttempts(t, emulator.Faults{LostResponseRate: 1}, 1)
 	id := b.Record(t, "cus_b", 40, 2)
-	stop := b.Start(t, workers.Config{MaxAttempts: 1})
+	stop := b.Start(t, workers.Config{MaxAttempts: 1, RoundTries: 1})
 	b.loseThenFail(t, 2)
 	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
 	if s, _ := b.status(t, id); s != overage.BillingStatusPending {

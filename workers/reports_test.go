@@ -105,7 +105,7 @@ func TestSweepResendsAFormedReportAndFormsANewOneForNewLogs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	stop := b.Start(t, workers.Config{MaxAttempts: 1})
+	stop := b.Start(t, workers.Config{MaxAttempts: 1, RoundTries: 1})
 	b.loseThenFail(t, 2)
 	poll.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
 	stop()
