@@ -84,8 +84,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
 		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
 		roundTries: cfg.RoundTries,
-		inserter: outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay),
-		meters:   meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent),
+		inserter:   outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay),
+		meters:     meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent),
 	}); err != nil {
 		return nil, fmt.Errorf("add report worker: %w", err)
 	}
