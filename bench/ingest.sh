@@ -9,8 +9,14 @@
 #           100 tenants, vs ref_batch.pgbench at 8 clients (x 1,000 events).
 # Then end to end (bench/e2e), the drain and the status benchmarks.
 # INGEST_ONLY=1 runs only the ingest figures, E2E_ONLY=1 only end to end.
+# METERS=3 makes every event of the ingest and end-to-end figures feed
+# three meters of a per-model catalog (bench/meters.lib.sh; `make
+# bench-meters` compares that with the two default meters, A B B A).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/meters.lib.sh
+METERS=${METERS:-2}
+case $METERS in 2) EVENT_FLAGS="" ;; 3) EVENT_FLAGS=$(event_flags) ;; *) echo "METERS must be 2 (the defaults) or 3" >&2; exit 2 ;; esac
 DURATION=${DURATION:-15}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_bench}  # a different name lets two checkouts bench side by side
@@ -24,6 +30,7 @@ psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "CR
   -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_ref"
 ./bin/overage migrate --database-url "$BENCH_URL" >/dev/null 2>&1
 psql -q "$BENCH_URL" -f bench/setup.sql
+[ "$METERS" = 3 ] && create_meters "$BENCH_URL"
 psql -q "$REF_URL" -f bench/reference.sql
 go build -o bin/ingestload ./bench/ingestload
 
@@ -41,7 +48,8 @@ run() {
   local half=$(( (DURATION + 1) / 2 )) h1 h2 p1 p2
   # ingestload exits 1 when a request was not answered 202; its JSON still
   # counts only the 202s, and the errors are printed below.
-  http_half() { ./bin/ingestload -url "http://$ADDR" -clients "$c" -duration "${half}s" "$@" || true; }
+  # shellcheck disable=SC2086 # EVENT_FLAGS is several flags
+  http_half() { ./bin/ingestload -url "http://$ADDR" -clients "$c" -duration "${half}s" $EVENT_FLAGS "$@" || true; }
   # A failing pgbench (say, too many clients on a shared server) is shown,
   # not swallowed by set -e.
   ref_half() {
@@ -89,7 +97,9 @@ psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_e2e WITH (FORCE)" 
 E2E_URL=$(db_url ${BENCH_DB}_e2e)
 ./bin/overage migrate --database-url "$E2E_URL" >/dev/null 2>&1
 psql -q "$E2E_URL" -f bench/setup.sql
-go run ./bench/e2e -database-url "$E2E_URL" -addr "${E2E_ADDR:-127.0.0.1:18081}" -rate "${E2E_RATE:-10000}" -batch "${E2E_BATCH:-100}" -duration "${E2E_SECONDS:-30}s"
+[ "$METERS" = 3 ] && create_meters "$E2E_URL"
+# shellcheck disable=SC2086
+go run ./bench/e2e -database-url "$E2E_URL" -addr "${E2E_ADDR:-127.0.0.1:18081}" -rate "${E2E_RATE:-10000}" -batch "${E2E_BATCH:-100}" -duration "${E2E_SECONDS:-30}s" $EVENT_FLAGS
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_e2e WITH (FORCE)"
 [ -n "${E2E_ONLY:-}" ] && exit 0
 

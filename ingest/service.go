@@ -910,10 +910,10 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n],
 				x.keys, x.tokens, x.over, CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
 			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[]) WITH ORDINALITY
-				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, n)
+				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[], $17::text[]) WITH ORDINALITY
+				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, mk, n)
 			LEFT JOIN LATERAL (
-				SELECT ($17::text[])[lo:hi] AS keys, ($18::bigint[])[lo:hi] AS tokens, ($19::bigint[])[lo:hi] AS over
+				SELECT string_to_array(u.mk, ',') AS keys, ($18::bigint[])[lo:hi] AS tokens, ($19::bigint[])[lo:hi] AS over
 				FROM (SELECT ($20::int[])[u.n] + 1 AS lo, ($20::int[])[u.n] + ($21::int[])[u.n] AS hi) AS r
 				WHERE ($21::int[])[u.n] > 0) AS x ON true
 			ORDER BY u.rid COLLATE "C"`,

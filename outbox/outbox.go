@@ -177,8 +177,16 @@ func (i *Inserter) InsertTenantReportTx(ctx context.Context, tx pgx.Tx, tenantID
 // (the sweep, the benchmark's seeding), skipping tenants whose job for this
 // period is already queued.
 func (i *Inserter) InsertTenantReportsTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx], tenants []uuid.UUID) ([]*rivertype.JobInsertResult, error) {
+	return i.InsertTenantReportsAfterTx(ctx, tx, client, tenants, 0)
+}
+
+// InsertTenantReportsAfterTx is InsertTenantReportsTx for the batch period
+// delay from now: the jobs run at that period's end (a report worker's
+// follow-up after a transient failure, so it backs off). A job of that
+// period already queued is kept.
+func (i *Inserter) InsertTenantReportsAfterTx(ctx context.Context, tx pgx.Tx, client *river.Client[pgx.Tx], tenants []uuid.UUID, delay time.Duration) ([]*rivertype.JobInsertResult, error) {
 	params := make([]river.InsertManyParams, len(tenants))
-	now := time.Now()
+	now := time.Now().Add(delay)
 	for n, t := range tenants {
 		args, opts := i.report(t, now)
 		params[n] = river.InsertManyParams{Args: args, InsertOpts: opts}

@@ -48,12 +48,39 @@ type ReportWorker struct {
 	jobTimeout time.Duration
 	batchMax   int
 	closeGrace time.Duration
+	// roundTries: see Config.RoundTries.
+	roundTries int
 	// inserter queues the follow-up job (see Work).
 	inserter *outbox.Inserter
 }
 
 // claimLimit bounds the open reports one round sends again.
 const claimLimit = 20
+
+// defaultRoundTries is how many rounds in a row may fail transiently,
+// settling nothing, before a run ends (Config.RoundTries): at a 40% error rate a report's three sends
+// all fail 6% of the time, so a run is rarely spent on a flaky Stripe,
+// while one that is down still ends the run within a second.
+const defaultRoundTries = 3
+
+// roundWait is the wait before the next round after fails rounds in a row
+// failed: 100 ms doubling, jittered.
+func roundWait(fails int) time.Duration {
+	d := 100 * time.Millisecond << min(fails-1, 4)
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleepCtx waits d unless ctx ends first (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
 
 // Timeout implements river.Worker.
 func (w *ReportWorker) Timeout(*river.Job[outbox.ReportArgs]) time.Duration { return w.jobTimeout }
@@ -93,7 +120,13 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 		return nil
 	}
 	handBack := time.Now().Add(w.jobTimeout / 2)
-	worked := false
+	// worked: this run sent something; progressed: it changed what is
+	// billed — formed new reports (their members frozen) or settled a send
+	// (accepted, failed for good, parked). A transient failure after
+	// progress spends no attempt (see progressed below).
+	worked, progressed := false, false
+	// fails counts the rounds in a row that settled nothing and failed.
+	fails := 0
 	for {
 		reports, err := w.store.Claim(ctx, usagelog.ClaimParams{TenantID: tenantID, Limit: claimLimit, Lease: w.jobTimeout, Guard: w.guard})
 		if err != nil {
@@ -103,8 +136,9 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 			reports, err = w.store.Form(ctx, usagelog.FormParams{TenantID: tenantID, MaxLogs: w.batchMax, Lease: w.jobTimeout, Guard: w.guard,
 				CloseGrace: w.closeGrace})
 			if err != nil {
-				return err
+				return w.failed(ctx, job, progressed, err)
 			}
+			progressed = progressed || len(reports) > 0
 		}
 		if len(reports) == 0 {
 			// Another job holds an open report: a live one sends it, a
@@ -122,8 +156,27 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 			return nil
 		}
 		worked = true
-		if err := w.round(ctx, customer, reports); err != nil {
+		settled, err := w.round(ctx, customer, reports)
+		progressed = progressed || settled
+		var snooze *river.JobSnoozeError
+		switch {
+		case err == nil:
+			fails = 0
+		case errors.As(err, &snooze):
 			return err
+		default:
+			// A transient failure: the failed reports were released, so
+			// the next round claims them again, after a short wait. A run
+			// ends on w.roundTries rounds in a row that settled nothing.
+			if settled {
+				fails = 0
+			} else {
+				fails++
+			}
+			if fails >= w.roundTries || time.Now().After(handBack) || !sleepCtx(ctx, roundWait(max(fails, 1))) {
+				return w.failed(ctx, job, progressed, err)
+			}
+			continue
 		}
 		if time.Now().After(handBack) {
 			// More may be left: give the slot back and come again at once,
@@ -133,6 +186,28 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 	}
 }
 
+// failed is what a run that ends in err returns. A snooze (a 429, a
+// hanging customer, the hand-back) spends no attempt anyway. A real failure
+// spends one only when the run made no progress: after progress the job
+// completes and the tenant's next job is queued to run after the first
+// backoff step, its attempts whole. (A snooze would not do: it keeps the
+// attempts the job spent before, so a busy tenant on a flaky Stripe would
+// still run out of them over many rounds, and its remaining logs wait for
+// the sweep.) So a job is discarded only after REPORT_MAX_ATTEMPTS runs in
+// a row that moved nothing, and then the sweep requeues its logs.
+func (w *ReportWorker) failed(ctx context.Context, job *river.Job[outbox.ReportArgs], progressed bool, err error) error {
+	if !progressed || ctx.Err() != nil {
+		return err
+	}
+	delay := backoff(0)
+	if ferr := w.followUpAfter(ctx, job.Args.TenantID, delay); ferr != nil {
+		return errors.Join(err, ferr)
+	}
+	w.logger.WarnContext(ctx, "report round failed after progress: the tenant's next job runs after a backoff, no attempt spent",
+		"tenant_id", job.Args.TenantID, "attempt", job.Attempt, "retry_in", delay, "err", err)
+	return nil
+}
+
 // followUp queues the tenant's job of the next batch period after a run
 // that reported something. An ingest transaction of the period this job
 // gathered may commit after the job formed its reports (it joined this job
@@ -140,12 +215,17 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 // next event or the sweep (SWEEP_GRACE). A follow-up that finds nothing
 // queues none, so a quiet tenant costs one empty run.
 func (w *ReportWorker) followUp(ctx context.Context, tenantID uuid.UUID) error {
+	return w.followUpAfter(ctx, tenantID, 0)
+}
+
+// followUpAfter queues the tenant's job of the batch period delay from now.
+func (w *ReportWorker) followUpAfter(ctx context.Context, tenantID uuid.UUID, delay time.Duration) error {
 	client, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil {
 		return fmt.Errorf("queue follow-up report job of tenant %s: %w", tenantID, err)
 	}
 	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		_, err := w.inserter.InsertTenantReportsTx(ctx, tx, client, []uuid.UUID{tenantID})
+		_, err := w.inserter.InsertTenantReportsAfterTx(ctx, tx, client, []uuid.UUID{tenantID}, delay)
 		return err
 	}); err != nil {
 		return fmt.Errorf("queue follow-up report job of tenant %s: %w", tenantID, err)
@@ -162,8 +242,9 @@ type outcome struct {
 }
 
 // round sends reports at once (calls for one customer's meter queue in the
-// Stripe client, one at a time), then records the outcomes.
-func (w *ReportWorker) round(ctx context.Context, customer string, reports []usagelog.Report) error {
+// Stripe client, one at a time), then records the outcomes. settled says
+// that some send was recorded for good (accepted, failed, parked).
+func (w *ReportWorker) round(ctx context.Context, customer string, reports []usagelog.Report) (settled bool, _ error) {
 	outs := make([]outcome, len(reports))
 	var wg sync.WaitGroup
 	for i, r := range reports {
@@ -188,25 +269,26 @@ func (w *ReportWorker) round(ctx context.Context, customer string, reports []usa
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := w.store.Release(rctx, release); err != nil {
-		return err
+		return false, err
 	}
 	if recErr != nil {
-		return recErr
+		return false, recErr
 	}
 	rs := make([]sendResult, len(outs))
 	for i, o := range outs {
 		rs[i] = classify(o)
+		settled = settled || rs[i].kind == sendSettled
 	}
 	v := decide(rs)
 	switch {
 	case v.err != nil:
-		return v.err
+		return settled, v.err
 	case v.jitter:
-		return river.JobSnooze(v.snooze/2 + rand.N(v.snooze+1))
+		return settled, river.JobSnooze(v.snooze/2 + rand.N(v.snooze+1))
 	case v.snooze > 0:
-		return river.JobSnooze(v.snooze)
+		return settled, river.JobSnooze(v.snooze)
 	}
-	return nil
+	return settled, nil
 }
 
 // sendOne sends one report, unless it is past the window (then it parks

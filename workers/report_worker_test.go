@@ -205,13 +205,33 @@ func TestRiverRetryAndRestartKeepTheKeyAndBillOnce(t *testing.T) {
 	requireAppliedEqualsBilled(t, b)
 }
 
+// loseThenFail waits for lost answers (a run that formed its reports and
+// lost their answers made progress: with RoundTries 1 it ends there, and
+// its follow-up runs after the first backoff step), then fails every call, so the follow-up makes no progress and,
+// with one attempt, is discarded while the logs stay pending.
+func (b *bundle) loseThenFail(t *testing.T, lost int) {
+	t.Helper()
+	polltest.Until(t, fmt.Sprint(lost, " lost answers"), 20*time.Second, func() bool {
+		n := 0
+		for _, r := range b.Emu.Requests() {
+			if r.Outcome == emulator.OutcomeLostResponse {
+				n++
+			}
+		}
+		return n >= lost
+	})
+	b.Emu.SetFaults(emulator.Faults{ServerErrorRate: 1})
+}
+
 func TestSweepResolvesALostResponseWithoutASecondCharge(t *testing.T) {
 	t.Parallel()
-	// One attempt only: the lost response discards the job while the log
-	// stays pending although Stripe applied it.
+	// One attempt only: the lost responses, then the follow-up's 500s,
+	// discard the job while the log stays pending although Stripe applied
+	// it.
 	b := setupAttempts(t, emulator.Faults{LostResponseRate: 1}, 1)
 	id := b.Record(t, "cus_b", 40, 2)
-	stop := b.Start(t, workers.Config{MaxAttempts: 1})
+	stop := b.Start(t, workers.Config{MaxAttempts: 1, RoundTries: 1})
+	b.loseThenFail(t, 2)
 	polltest.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
 	if s, _ := b.status(t, id); s != overage.BillingStatusPending {
 		t.Fatalf("status %s, want pending", s)

@@ -86,7 +86,8 @@ func TestReportIsTheSameEventAcrossRetriesAndARestart(t *testing.T) {
 	requireAppliedEqualsBilled(t, b)
 }
 
-// A job discarded after a lost answer leaves its report formed and open.
+// A job discarded after a lost answer (and its follow-up's 500s) leaves
+// its report formed and open.
 // The sweep's job sends that report again with its own members and key
 // (Stripe replays it), and logs recorded since form a new report.
 func TestSweepResendsAFormedReportAndFormsANewOneForNewLogs(t *testing.T) {
@@ -104,7 +105,8 @@ func TestSweepResendsAFormedReportAndFormsANewOneForNewLogs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	stop := b.Start(t, workers.Config{MaxAttempts: 1})
+	stop := b.Start(t, workers.Config{MaxAttempts: 1, RoundTries: 1})
+	b.loseThenFail(t, 2)
 	polltest.Until(t, "the job to be discarded", 20*time.Second, func() bool { return countJobs(t, b.River, rivertype.JobStateDiscarded) == 1 })
 	stop()
 	formed := b.reportOf(t, first[0], overage.DimensionInput)
@@ -127,8 +129,13 @@ func TestSweepResendsAFormedReportAndFormsANewOneForNewLogs(t *testing.T) {
 	}
 	for _, d := range overage.Dimensions {
 		reqs := requestsOf(t, b, b.reportOf(t, first[0], d), d)
-		if len(reqs) != 2 || reqs[1].Outcome != emulator.OutcomeReplayed {
-			t.Fatalf("%s: %+v, want the lost send and its replay", d, reqs)
+		if len(reqs) < 2 || reqs[0].Outcome != emulator.OutcomeLostResponse || reqs[len(reqs)-1].Outcome != emulator.OutcomeReplayed {
+			t.Fatalf("%s: %+v, want the lost send, the follow-up's 500s and the replay", d, reqs)
+		}
+		for _, q := range reqs[1 : len(reqs)-1] {
+			if q.Outcome != emulator.OutcomeFaultServerError {
+				t.Fatalf("%s: %+v, want only 500s between the lost send and the replay", d, reqs)
+			}
 		}
 	}
 	next := b.reportOf(t, later[0], overage.DimensionInput)

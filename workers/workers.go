@@ -41,6 +41,10 @@ type Config struct {
 	BatchDelay time.Duration
 	// BatchMax is the most usage logs in one report (REPORT_BATCH_MAX).
 	BatchMax int
+	// RoundTries is how many rounds in a row may fail transiently before a
+	// report run ends (default 3; 1 ends it on the first, as tests that
+	// need a run to end on a lost answer ask).
+	RoundTries int
 	// ReportWorkers is how many report jobs run at once in this process.
 	ReportWorkers int
 	// JobTimeout bounds one report job run. A job left running by a
@@ -88,6 +92,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
 		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
 		closeGrace: cfg.PeriodCloseGrace,
+		roundTries: cfg.RoundTries,
 		inserter:   outbox.NewInserter(nil, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay),
 		meters:     meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent),
 	}); err != nil {
@@ -206,6 +211,9 @@ func (cfg Config) withDefaults() Config {
 	def(&cfg.SweepGrace, DefaultSweepGrace)
 	def(&cfg.JobTimeout, DefaultJobTimeout)
 	def(&cfg.BatchDelay, outbox.DefaultBatchDelay)
+	if cfg.RoundTries <= 0 {
+		cfg.RoundTries = defaultRoundTries
+	}
 	if cfg.BatchMax == 0 {
 		cfg.BatchMax = DefaultBatchMax
 	}

@@ -24,8 +24,10 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/bench/internal/benchkit"
 	"github.com/overage-billing/overage/finance"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 
@@ -41,12 +43,16 @@ func main() {
 	workers := flag.Int("workers", 200, "REPORT_WORKERS of the work process")
 	rateLimit := flag.Int("rate-limit", 1000, "STRIPE_RATE_LIMIT of the work process; the emulator enforces Stripe's 1,000/s per account")
 	batchMax := flag.Int("batch-max", 0, "REPORT_BATCH_MAX of the work process (0: its default)")
+	flag.IntVar(&meterCount, "meters", 2, "meters each log feeds: 2 (the defaults) or 3 (m_input, m_cache, m_output of a per-model catalog, as bench/meters.lib.sh creates)")
 	hang := flag.Int("hang", 0, "customers whose calls never get an answer; the drain ends when everyone else's logs are billed")
 	flag.Parse()
 	if err := run(*dbURL, *bin, *logs, *tenants, *latency, *workers, *rateLimit, *batchMax, *hang); err != nil {
 		log.Fatal(err)
 	}
 }
+
+// meterCount is -meters.
+var meterCount int
 
 func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, rateLimit, batchMax, hang int) error {
 	ctx := context.Background()
@@ -106,13 +112,29 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 		"logs": logs, "tenants": tenants, "billed": billed, "reports": reports, "meter_event_calls": calls.Total, "seconds": elapsed.Seconds(),
 		"logs_per_s": float64(billed) / elapsed.Seconds(), "calls_per_s": float64(calls.Total) / elapsed.Seconds(), "calls_peak_per_s": calls.PeakPerSecond,
 		"calls_refused_429":   calls.Refused429,
-		"emulator_latency_ms": latency.Milliseconds(), "report_workers": workers, "hanging_customers": hang, "batch_max": batchMax,
+		"emulator_latency_ms": latency.Milliseconds(), "meters": meterCount, "report_workers": workers, "hanging_customers": hang, "batch_max": batchMax,
 	})
 }
 
 // seed writes tenants, pending logs (each with input and output overage,
 // two meter events) and their report jobs, as ingest would have.
 func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
+	switch meterCount {
+	case 2:
+	case 3:
+		store := meters.NewStore(pool, "llm_input_tokens", "llm_output_tokens")
+		for _, p := range []meters.CreateParams{
+			{Key: "m_input", EventName: "m_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}},
+			{Key: "m_cache", EventName: "m_cache_read_tokens", TokenType: overage.TokenCacheRead, Models: []string{"gpt-4o"}},
+			{Key: "m_output", EventName: "m_output_tokens", TokenType: overage.TokenOutput, Models: []string{"gpt-4o"}},
+		} {
+			if _, err := store.Create(ctx, p); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("-meters %d: 2 or 3", meterCount)
+	}
 	if _, err := pool.Exec(ctx, `INSERT INTO tenants (id, name, stripe_customer_id)
 		SELECT gen_random_uuid(), 'drain' || n, 'cus_drain' || n FROM generate_series(1, $1) n`, tenants); err != nil {
 		return err
@@ -124,11 +146,24 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 		if _, err := tx.Exec(ctx, `ALTER TABLE usage_logs DISABLE TRIGGER usage_logs_billing_counters_insert`); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
+		insert := `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status)
 			SELECT gen_random_uuid(), t.id, now() - interval '1 minute', 'u' || n, 'm', 100, 50, date_trunc('month', now()), 100, 50, 'pending'
 			FROM generate_series(1, $1) n
-			JOIN (SELECT id, row_number() OVER () - 1 AS i FROM tenants) t ON t.i = n % $2`, logs, tenants); err != nil {
+			JOIN (SELECT id, row_number() OVER () - 1 AS i FROM tenants) t ON t.i = n % $2`
+		if meterCount == 3 {
+			// What ingest records for the benchmark's event of gpt-4o
+			// (1,200 input tokens, 800 of them cache reads, 350 output)
+			// under the catalog: nothing on the default meters, three
+			// meter lines. The meter counters' statement trigger stays on.
+			insert = `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens, cache_read_input_tokens,
+				period_start, overage_input_tokens, overage_output_tokens, billing_status, meter_keys, meter_tokens, meter_overage)
+			SELECT gen_random_uuid(), t.id, now() - interval '1 minute', 'u' || n, 'gpt-4o', 1200, 350, 800, date_trunc('month', now()), 0, 0, 'pending',
+				'{m_input,m_cache,m_output}', '{400,800,350}', '{400,800,350}'
+			FROM generate_series(1, $1) n
+			JOIN (SELECT id, row_number() OVER () - 1 AS i FROM tenants) t ON t.i = n % $2`
+		}
+		if _, err := tx.Exec(ctx, insert, logs, tenants); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `ALTER TABLE usage_logs ENABLE TRIGGER usage_logs_billing_counters_insert`)

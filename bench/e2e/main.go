@@ -38,6 +38,7 @@ type params struct {
 	rate               float64
 	duration, latency  time.Duration
 	workers, rateLimit int
+	event              benchkit.Event
 }
 
 func main() {
@@ -52,6 +53,8 @@ func main() {
 	flag.DurationVar(&p.latency, "latency", 5*time.Millisecond, "emulator latency per call")
 	flag.IntVar(&p.workers, "workers", 200, "REPORT_WORKERS of the work process")
 	flag.IntVar(&p.rateLimit, "rate-limit", 1000, "STRIPE_RATE_LIMIT of the work process; the emulator enforces Stripe's 1,000/s per account")
+	flag.StringVar(&p.event.Model, "model", benchkit.DefaultEvent.Model, "model_id of every event")
+	flag.IntVar(&p.event.CacheRead, "cache-read", 0, "cache_read_input_tokens of every event (of its 1,200 input tokens); 0 sends none")
 	flag.Parse()
 	if err := run(p); err != nil {
 		log.Fatal(err)
@@ -122,7 +125,7 @@ func run(p params) error {
 				time.Sleep(time.Until(at))
 				n := seq.Add(1)
 				status, err := benchkit.Post(hc, "http://"+p.addr+"/v1/usage-events/batch", benchkit.BenchKey(tn),
-					"e2e-"+strconv.FormatInt(n, 10), benchkit.BatchBody(strconv.FormatInt(n, 10)+".", p.batch))
+					"e2e-"+strconv.FormatInt(n, 10), p.event.Batch(strconv.FormatInt(n, 10)+".", p.batch))
 				acked := time.Now()
 				mu.Lock()
 				if err != nil {

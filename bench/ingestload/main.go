@@ -26,9 +26,12 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "how long to send")
 	tenants := flag.Int("tenants", 100, "benchmark tenants (API keys benchkit.BenchKey(1..N))")
 	batch := flag.Int("batch", 0, "events per request on the batch endpoint; 0 sends single events")
+	model := flag.String("model", benchkit.DefaultEvent.Model, "model_id of every event")
+	cacheRead := flag.Int("cache-read", 0, "cache_read_input_tokens of every event (of its 1,200 input tokens); 0 sends none")
 	window := flag.Duration("window", 0, "also print events/s and p99 of each window this long (a soak); 0: only the totals")
 	flag.Parse()
 	windows := newWindows(*window, max(1, *batch))
+	ev := benchkit.Event{Model: *model, CacheRead: *cacheRead}
 
 	tr := &http.Transport{MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients}
 	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
@@ -50,10 +53,10 @@ func main() {
 			localStatus := map[int]int{}
 			for i := 0; ctx.Err() == nil; i++ {
 				tenant := (c*7919+i)%*tenants + 1
-				body, path := benchkit.SingleBody(i), "/v1/usage-events"
+				body, path := ev.Single(i), "/v1/usage-events"
 				if *batch > 0 {
 					path = "/v1/usage-events/batch"
-					body = benchkit.BatchBody(fmt.Sprintf("r-%d-%d-%d-", start.UnixNano(), c, i), *batch)
+					body = ev.Batch(fmt.Sprintf("r-%d-%d-%d-", start.UnixNano(), c, i), *batch)
 				}
 				t0 := time.Now()
 				status, err := benchkit.Post(hc, *url+path, benchkit.BenchKey(tenant), fmt.Sprintf("load-%d-%d-%d", start.UnixNano(), c, i), body)

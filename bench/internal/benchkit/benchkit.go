@@ -24,27 +24,65 @@ import (
 	"github.com/overage-billing/overage/stripeclient/emulator"
 )
 
-// SingleBody is one usage event for POST /v1/usage-events.
-func SingleBody(i int) string {
-	return fmt.Sprintf(`{"user_id":"u_%d","model_id":"gpt-4o","input_tokens":1200,"output_tokens":350}`, i)
+// Event shapes the benchmark's usage events: every event is of Model, with
+// 1,200 input tokens (CacheRead of them read from the cache, sent as
+// cache_read_input_tokens when > 0) and 350 output tokens.
+type Event struct {
+	Model     string
+	CacheRead int
 }
 
-// BatchBody is n usage events for POST /v1/usage-events/batch, their
+// DefaultEvent is the benchmarks' usual event: gpt-4o, no cache read.
+var DefaultEvent = Event{Model: "gpt-4o"}
+
+// MeterModel is the model the per-model meters of the meter benchmarks
+// match (bench/meters.sh creates them: m_input, m_cache, m_output).
+const MeterModel = "gpt-4o"
+
+func (e Event) fields(b *strings.Builder) {
+	model := e.Model
+	if model == "" {
+		model = DefaultEvent.Model
+	}
+	fmt.Fprintf(b, `"model_id":"%s","input_tokens":1200,"output_tokens":350`, model)
+	if e.CacheRead > 0 {
+		fmt.Fprintf(b, `,"cache_read_input_tokens":%d`, e.CacheRead)
+	}
+}
+
+// Single is one usage event for POST /v1/usage-events.
+func (e Event) Single(i int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `{"user_id":"u_%d",`, i)
+	e.fields(&b)
+	b.WriteByte('}')
+	return b.String()
+}
+
+// Batch is n usage events for POST /v1/usage-events/batch, their
 // request_ids requestIDPrefix followed by the event's index, so a caller
 // can find a batch's usage logs again.
-func BatchBody(requestIDPrefix string, n int) string {
+func (e Event) Batch(requestIDPrefix string, n int) string {
 	var b strings.Builder
-	b.Grow(n * 110)
+	b.Grow(n * 150)
 	b.WriteString(`{"events":[`)
 	for j := range n {
 		if j > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, `{"request_id":"%s%d","user_id":"u_%d","model_id":"gpt-4o","input_tokens":1200,"output_tokens":350}`, requestIDPrefix, j, j)
+		fmt.Fprintf(&b, `{"request_id":"%s%d","user_id":"u_%d",`, requestIDPrefix, j, j)
+		e.fields(&b)
+		b.WriteByte('}')
 	}
 	b.WriteString(`]}`)
 	return b.String()
 }
+
+// SingleBody is DefaultEvent.Single.
+func SingleBody(i int) string { return DefaultEvent.Single(i) }
+
+// BatchBody is DefaultEvent.Batch.
+func BatchBody(requestIDPrefix string, n int) string { return DefaultEvent.Batch(requestIDPrefix, n) }
 
 // BenchKey is the API key of benchmark tenant n (1-based), as
 // bench/setup.sql stores it: well formed (ovg_ and 43 base64url
