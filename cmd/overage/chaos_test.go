@@ -43,7 +43,12 @@ func TestMain(m *testing.M) {
 		return
 	}
 	// Otherwise the tests, failed if a goroutine outlives them.
-	goleak.VerifyTestMain(m)
+	// An idle keep-alive connection of an HTTP client (stripe-go's, the
+	// tests' own) to a server that is still up at the end is pooled, not
+	// leaked: its read and write loops end when either side closes it.
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"))
 }
 
 // main2 is main with given arguments.
@@ -388,6 +393,58 @@ func TestChaos(t *testing.T) {
 		GROUP BY u.tenant_id, (u.ts AT TIME ZONE 'UTC')::date) x`)
 	if err := json.Unmarshal([]byte(out), &rec); err != nil || rec.Differences != 0 || rec.TooRecent != 0 || rec.Matches != days || days < len(tenantList) {
 		t.Fatalf("reconcile after the chaos run: %+v (%v), want %d customer x meter x day matches\n%s", rec, err, days, tail(out, 30))
+	}
+
+	// GET /v1/usage agrees with the rows: per meter, this period's tokens,
+	// overage and billed overage, from counters.
+	for _, tn := range tenantList {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+srv.Addr()+"/v1/usage?tenant_id="+tn.ID, nil)
+		req.Header.Set("Authorization", "Bearer "+chaosAdminToken)
+		req.Close = true // no idle connection outlives the server
+		res, err := httpClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var usage struct {
+			Meters []struct {
+				Meter                          string
+				Used, Overage, Billed, Pending int64
+			}
+		}
+		err = json.NewDecoder(res.Body).Decode(&usage)
+		res.Body.Close()
+		if err != nil || res.StatusCode != http.StatusOK {
+			t.Fatalf("GET /v1/usage: %d %v", res.StatusCode, err)
+		}
+		want := map[string][3]int64{}
+		rows, err := pool.Query(context.Background(), `
+			WITH l AS (SELECT * FROM usage_logs WHERE tenant_id = $1 AND period_start = date_trunc('month', now(), 'UTC')),
+			x AS (SELECT l.billing_status, k.k, k.t, k.o FROM l, unnest(l.meter_keys, l.meter_tokens, l.meter_overage) AS k (k, t, o))
+			SELECT 'input', coalesce(sum(input_tokens), 0) - (SELECT coalesce(sum(t), 0) FROM x), coalesce(sum(overage_input_tokens), 0),
+				coalesce(sum(overage_input_tokens) FILTER (WHERE billing_status = 'billed'), 0) FROM l
+			UNION ALL SELECT 'output', coalesce(sum(output_tokens), 0), coalesce(sum(overage_output_tokens), 0),
+				coalesce(sum(overage_output_tokens) FILTER (WHERE billing_status = 'billed'), 0) FROM l
+			UNION ALL SELECT k, sum(t), sum(o), coalesce(sum(o) FILTER (WHERE billing_status = 'billed'), 0) FROM x GROUP BY k`, tn.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var k string
+			var v [3]int64
+			if err := rows.Scan(&k, &v[0], &v[1], &v[2]); err != nil {
+				t.Fatal(err)
+			}
+			want[k] = v
+		}
+		rows.Close()
+		for _, m := range usage.Meters {
+			if w := want[m.Meter]; m.Used != w[0] || m.Overage != w[1] || m.Billed != w[2] || m.Pending != 0 {
+				t.Fatalf("GET /v1/usage of %s: meter %s used %d overage %d billed %d pending %d; the logs: %v", tn.ID, m.Meter, m.Used, m.Overage, m.Billed, m.Pending, w)
+			}
+		}
+		if len(usage.Meters) < 2 {
+			t.Fatalf("GET /v1/usage of %s: %+v", tn.ID, usage)
+		}
 	}
 
 	// The finance view agrees with the rows.
