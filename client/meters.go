@@ -54,7 +54,7 @@ func (c *Client) CreateMeter(ctx context.Context, p MeterParams) (*Meter, error)
 		return nil, fmt.Errorf("overage: encode meter: %w", err)
 	}
 	var m Meter
-	attempts, err := c.admin(ctx, http.MethodPost, "/v1/meters", body, &m)
+	attempts, err := c.rest(ctx, http.MethodPost, "/v1/meters", body, &m)
 	var apiErr *Error
 	if attempts > 1 && errors.As(err, &apiErr) && apiErr.Type == ProblemMeterExists {
 		if mine, lerr := c.findMeter(ctx, p); lerr == nil && mine != nil {
@@ -91,7 +91,7 @@ func (c *Client) ListMeters(ctx context.Context) ([]Meter, error) {
 	var l struct {
 		Meters []Meter `json:"meters"`
 	}
-	if _, err := c.admin(ctx, http.MethodGet, "/v1/meters", nil, &l); err != nil {
+	if _, err := c.rest(ctx, http.MethodGet, "/v1/meters", nil, &l); err != nil {
 		return nil, err
 	}
 	return l.Meters, nil
@@ -105,18 +105,19 @@ func (c *Client) ArchiveMeter(ctx context.Context, key string) (*Meter, error) {
 		return nil, errors.New("overage: ArchiveMeter needs the meter's key")
 	}
 	var m Meter
-	if _, err := c.admin(ctx, http.MethodDelete, "/v1/meters/"+url.PathEscape(key), nil, &m); err != nil {
+	if _, err := c.rest(ctx, http.MethodDelete, "/v1/meters/"+url.PathEscape(key), nil, &m); err != nil {
 		return nil, err
 	}
 	return &m, nil
 }
 
-// admin sends one operator request until it is answered 2xx (decoded into
-// out), refused, the attempts run out or ctx ends, and says how many
-// attempts it took.
-func (c *Client) admin(ctx context.Context, method, path string, body []byte, out any) (int, error) {
+// rest sends one request that needs no idempotency key (a read, or an
+// operator's call that is safe to repeat) until it is answered 2xx
+// (decoded into out), refused, the attempts run out or ctx ends, and says
+// how many attempts it took. Meters and Usage go through it.
+func (c *Client) rest(ctx context.Context, method, path string, body []byte, out any) (int, error) {
 	for attempt := 1; ; attempt++ {
-		retryAfter, err := c.adminAttempt(ctx, method, path, body, out)
+		retryAfter, err := c.restAttempt(ctx, method, path, body, out)
 		if err == nil {
 			return attempt, nil
 		}
@@ -140,7 +141,7 @@ func (c *Client) admin(ctx context.Context, method, path string, body []byte, ou
 	}
 }
 
-func (c *Client) adminAttempt(ctx context.Context, method, path string, body []byte, out any) (time.Duration, error) {
+func (c *Client) restAttempt(ctx context.Context, method, path string, body []byte, out any) (time.Duration, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)

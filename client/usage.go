@@ -5,10 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -63,77 +60,10 @@ func (c *Client) Usage(ctx context.Context, opts *UsageOpts) (*Usage, error) {
 		path += "?period_start=" + url.QueryEscape(opts.PeriodStart.UTC().Format(time.RFC3339Nano))
 	}
 	u := &Usage{}
-	if err := c.get(ctx, path, u); err != nil {
+	if _, err := c.rest(ctx, http.MethodGet, path, nil, u); err != nil {
 		return nil, err
 	}
 	return u, nil
-}
-
-// get reads path into v, retrying what may succeed later.
-func (c *Client) get(ctx context.Context, path string, v any) error {
-	for attempt := 1; ; attempt++ {
-		retryAfter, err := c.getOnce(ctx, path, v)
-		if err == nil {
-			return nil
-		}
-		var apiErr *Error
-		if !errors.As(err, &apiErr) {
-			return err
-		}
-		apiErr.Attempts = attempt
-		if !retryable(apiErr) || attempt >= c.cfg.MaxAttempts {
-			return apiErr
-		}
-		wait := c.backoff(attempt)
-		if retryAfter > 0 {
-			wait = retryAfter
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("overage: %w (after %d attempts; last: %v)", ctx.Err(), attempt, apiErr)
-		case <-time.After(wait):
-		}
-	}
-}
-
-func (c *Client) getOnce(ctx context.Context, path string, v any) (time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.cfg.BaseURL+path, nil)
-	if err != nil {
-		return 0, fmt.Errorf("overage: build request: %w", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
-	res, err := c.cfg.HTTPClient.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return 0, fmt.Errorf("overage: %w", ctx.Err())
-		}
-		return 0, &Error{Err: err}
-	}
-	defer res.Body.Close()
-	rb, err := io.ReadAll(io.LimitReader(res.Body, 4<<20))
-	if err != nil {
-		return 0, &Error{Err: fmt.Errorf("read response: %w", err)}
-	}
-	if res.StatusCode == http.StatusOK {
-		if err := json.Unmarshal(rb, v); err != nil {
-			return 0, &Error{Status: res.StatusCode, Err: fmt.Errorf("decode answer: %w", err)}
-		}
-		return 0, nil
-	}
-	e := &Error{Status: res.StatusCode, Title: http.StatusText(res.StatusCode)}
-	var p struct {
-		Type   string       `json:"type"`
-		Title  string       `json:"title"`
-		Detail string       `json:"detail"`
-		Errors []FieldError `json:"errors"`
-	}
-	if json.Unmarshal(rb, &p) == nil {
-		e.Type, e.Detail, e.Fields = p.Type, p.Detail, p.Errors
-		if p.Title != "" {
-			e.Title = p.Title
-		}
-	}
-	return retryAfter(res.Header.Get("Retry-After")), e
 }
 
 // ErrInvalidSignature is VerifyWebhook's answer to a delivery that the
