@@ -27,7 +27,7 @@ func TestStatusReadsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 		{Name: "page", SQL: statusPage, Args: "(NULL, NULL, 51)", Settings: readSettingsSQL},
 		{Name: "totals", SQL: totalsQuery, Settings: readSettingsSQL},
 		{Name: "meters (all)", SQL: fmt.Sprintf(extraMetersQuery, ""), Settings: readSettingsSQL},
-		{Name: "meters (tenants)", SQL: fmt.Sprintf(extraMetersQuery, "WHERE c.tenant_id = ANY($1)"), Args: fmt.Sprintf("('{%s}')", tenant), Settings: readSettingsSQL},
+		{Name: "meters (tenants)", SQL: fmt.Sprintf(extraMetersQuery, "AND c.tenant_id = ANY($1)"), Args: fmt.Sprintf("('{%s}')", tenant), Settings: readSettingsSQL},
 		{Name: "totals before (control)", SQL: totalsQuery},
 	}
 	for _, stats := range []struct {
@@ -56,7 +56,14 @@ func TestStatusReadsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 				if control && stats.rows == 0 {
 					continue
 				}
-				if bounded := r.Pages <= 40 && r.Removed <= 3; bounded == control {
+				// The meters' reads filter out the default meters' counter
+				// rows (a few per period, status and slot): bounded by the
+				// counters, never by the logs.
+				removedMax := 3.0
+				if strings.HasPrefix(probes[i].Name, "meters") {
+					removedMax = 400
+				}
+				if bounded := r.Pages <= 40 && r.Removed <= removedMax; bounded == control {
 					t.Errorf("%s on %d logs of one tenant: %v pages read, %v rows removed by filters; want bounded %v\n%s",
 						probes[i].Name, grown, r.Pages, r.Removed, !control, r.Plan)
 				}

@@ -68,13 +68,14 @@ func (c *Counters) defaultMeters() {
 }
 
 // extraMetersQuery reads the overage of the meters other than the
-// defaults from meter_counters (per tenant, meter and slot), with each
-// meter's token type. %s filters tenants.
+// defaults from period_counters (per tenant, period, meter, status and
+// slot: the same counters GET /v1/usage reads), with each meter's token
+// type. %s filters tenants.
 const extraMetersQuery = `
 SELECT c.tenant_id, c.meter, m.token_type, sum(c.overage_tokens)::bigint,
 	coalesce(sum(c.overage_tokens) FILTER (WHERE c.billing_status = 'billed'), 0)::bigint
-FROM meter_counters c JOIN meters m ON m.key = c.meter
-%s
+FROM period_counters c JOIN meters m ON m.key = c.meter
+WHERE c.meter NOT IN ('input', 'output') %s
 GROUP BY 1, 2, 3
 HAVING sum(c.overage_tokens) <> 0
 ORDER BY 2`
@@ -98,7 +99,7 @@ func addExtraMeters(ctx context.Context, db overage.DB, r *Report, all bool) err
 	if all {
 		rows, err = db.Query(ctx, fmt.Sprintf(extraMetersQuery, ""))
 	} else {
-		rows, err = db.Query(ctx, fmt.Sprintf(extraMetersQuery, "WHERE c.tenant_id = ANY($1)"), ids)
+		rows, err = db.Query(ctx, fmt.Sprintf(extraMetersQuery, "AND c.tenant_id = ANY($1)"), ids)
 	}
 	if err != nil {
 		return fmt.Errorf("read meter counters: %w", err)

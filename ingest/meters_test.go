@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/meters"
 )
 
@@ -200,8 +201,23 @@ func TestConcurrentBatchesSplitExactlyPerMeter(t *testing.T) {
 			t.Fatalf("meter %s total %d, want the logs' %d", k, tot, tokens[k])
 		}
 		// The finance counters of the meter equal its logs' overage.
-		if c := b.count(t, `SELECT coalesce(sum(overage_tokens), 0) FROM meter_counters WHERE tenant_id = $1 AND meter = $2`, b.capped.ID, k); int64(c) != want[k] {
+		if c := b.count(t, `SELECT coalesce(sum(overage_tokens), 0) FROM period_counters WHERE tenant_id = $1 AND meter = $2`, b.capped.ID, k); int64(c) != want[k] {
 			t.Fatalf("meter %s counters %d, want %d", k, c, want[k])
+		}
+		// The finance view reads the same: the meter's line, and the
+		// dimension sums including it.
+		r, err := finance.Status(context.Background(), b.pool, &b.capped.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, m := range r.Tenants[0].Meters {
+			if m.Meter == k {
+				found = m.OverageTokens == want[k]
+			}
+		}
+		if !found || r.Tenants[0].OverageInputTokens != want["input"]+want["gpt4o_input"]+want["cache_reads"] {
+			t.Fatalf("finance for %s: %+v", k, r.Tenants[0].Counters)
 		}
 		// At most one event straddles the meter's allowance.
 		if s := b.count(t, `SELECT count(*) FROM usage_logs, unnest(meter_keys, meter_overage, meter_tokens) AS x (k, o, t)

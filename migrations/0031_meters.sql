@@ -25,15 +25,11 @@
 -- Counters. allowance_usage keeps the default meters' period totals;
 -- meter_usage holds the other meters', per slot like allowance_usage.
 -- billing_counters keeps the default meters' overage per billing status;
--- meter_counters the other meters', maintained by statement triggers of
--- their own beside billing_counters' (same transition tables, same slot
--- setting, rows taken in (tenant, status, meter) order within a statement).
+-- every meter's overage per period and status is period_counters' (0041).
 --
 -- On a large table: new tables, nullable columns without defaults, a CHECK
--- replaced by one NOT VALID (a wider one, which every row passes), and
--- triggers added under SHARE ROW EXCLUSIVE (writes wait a few
--- milliseconds, reads do not), so every write is counted by exactly one
--- generation of triggers.
+-- replaced by one NOT VALID (a wider one, which every row passes), under
+-- SHARE ROW EXCLUSIVE (writes wait a few milliseconds, reads do not).
 SET LOCAL lock_timeout = '10s';
 LOCK TABLE usage_logs IN SHARE ROW EXCLUSIVE MODE;
 
@@ -103,84 +99,3 @@ CREATE TABLE meter_usage (
     tokens       bigint NOT NULL,
     PRIMARY KEY (tenant_id, period_start, meter, slot)
 );
-
-CREATE TABLE meter_counters (
-    tenant_id      uuid NOT NULL,
-    billing_status text NOT NULL,
-    meter          text NOT NULL,
-    slot           smallint NOT NULL,
-    overage_tokens bigint NOT NULL,
-    PRIMARY KEY (tenant_id, billing_status, meter, slot)
-) WITH (fillfactor = 50);
-
-COMMENT ON TABLE meter_counters IS
-    'overage per tenant, billing_status and meter other than the defaults, of the usage_logs meter_* arrays; maintained by statement triggers on usage_logs';
-
-CREATE FUNCTION meter_counters_rows() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    s smallint := coalesce(nullif(current_setting('overage.slot', true), '')::smallint, 0);
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO meter_counters AS c (tenant_id, billing_status, meter, slot, overage_tokens)
-        SELECT n.tenant_id, n.billing_status, x.k, s, sum(x.o)::bigint
-        FROM new_usage_logs n CROSS JOIN LATERAL unnest(n.meter_keys, n.meter_overage) AS x (k, o)
-        WHERE n.meter_keys IS NOT NULL
-        GROUP BY n.tenant_id, n.billing_status, x.k
-        ORDER BY n.tenant_id, n.billing_status COLLATE "C", x.k COLLATE "C"
-        ON CONFLICT (tenant_id, billing_status, meter, slot) DO UPDATE SET overage_tokens = c.overage_tokens + EXCLUDED.overage_tokens;
-    ELSIF TG_OP = 'UPDATE' THEN
-        INSERT INTO meter_counters AS c (tenant_id, billing_status, meter, slot, overage_tokens)
-        SELECT d.tenant_id, d.billing_status, d.k, s, sum(d.o)::bigint
-        FROM (
-            SELECT o.tenant_id, o.billing_status, x.k, -x.o AS o
-            FROM old_usage_logs o CROSS JOIN LATERAL unnest(o.meter_keys, o.meter_overage) AS x (k, o)
-            WHERE o.meter_keys IS NOT NULL
-            UNION ALL
-            SELECT n.tenant_id, n.billing_status, x.k, x.o
-            FROM new_usage_logs n CROSS JOIN LATERAL unnest(n.meter_keys, n.meter_overage) AS x (k, o)
-            WHERE n.meter_keys IS NOT NULL
-        ) AS d
-        GROUP BY d.tenant_id, d.billing_status, d.k
-        HAVING sum(d.o) <> 0
-        ORDER BY d.tenant_id, d.billing_status COLLATE "C", d.k COLLATE "C"
-        ON CONFLICT (tenant_id, billing_status, meter, slot) DO UPDATE SET overage_tokens = c.overage_tokens + EXCLUDED.overage_tokens;
-    ELSE
-        INSERT INTO meter_counters AS c (tenant_id, billing_status, meter, slot, overage_tokens)
-        SELECT o.tenant_id, o.billing_status, x.k, s, -sum(x.o)::bigint
-        FROM old_usage_logs o CROSS JOIN LATERAL unnest(o.meter_keys, o.meter_overage) AS x (k, o)
-        WHERE o.meter_keys IS NOT NULL
-        GROUP BY o.tenant_id, o.billing_status, x.k
-        ORDER BY o.tenant_id, o.billing_status COLLATE "C", x.k COLLATE "C"
-        ON CONFLICT (tenant_id, billing_status, meter, slot) DO UPDATE SET overage_tokens = c.overage_tokens + EXCLUDED.overage_tokens;
-    END IF;
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER usage_logs_meter_counters_insert
-    AFTER INSERT ON usage_logs
-    REFERENCING NEW TABLE AS new_usage_logs
-    FOR EACH STATEMENT EXECUTE FUNCTION meter_counters_rows();
-
-CREATE TRIGGER usage_logs_meter_counters_update
-    AFTER UPDATE ON usage_logs
-    REFERENCING OLD TABLE AS old_usage_logs NEW TABLE AS new_usage_logs
-    FOR EACH STATEMENT EXECUTE FUNCTION meter_counters_rows();
-
-CREATE TRIGGER usage_logs_meter_counters_delete
-    AFTER DELETE ON usage_logs
-    REFERENCING OLD TABLE AS old_usage_logs
-    FOR EACH STATEMENT EXECUTE FUNCTION meter_counters_rows();
-
-CREATE FUNCTION meter_counters_truncate() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    DELETE FROM meter_counters;
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER usage_logs_meter_counters_truncate
-    AFTER TRUNCATE ON usage_logs
-    FOR EACH STATEMENT EXECUTE FUNCTION meter_counters_truncate();

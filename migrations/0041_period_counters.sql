@@ -1,9 +1,8 @@
 -- Overage per tenant, allowance period, meter and billing status, kept
--- exact by statement triggers on usage_logs as billing_counters and
--- meter_counters are (0007, 0020, 0031), so GET /v1/usage answers
--- overage, billed and pending of every meter for any period from a few
--- rows instead of a scan of the period's logs. Neither of those has the
--- period: they could not answer this.
+-- exact by statement triggers on usage_logs as billing_counters is (0007,
+-- 0020), so GET /v1/usage answers overage, billed and pending of every
+-- meter for any period from a few rows instead of a scan of the period's
+-- logs, and the finance view reads the other meters' overage from it.
 --
 -- A log's lines: the default meters' overage in overage_input_tokens and
 -- overage_output_tokens (meters "input" and "output"), every other

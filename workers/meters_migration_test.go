@@ -156,7 +156,7 @@ func TestLogsOfBothShapesBillAcrossTheMetersMigration(t *testing.T) {
 	// The finance counters are exact for both shapes.
 	var logs, oin, oout, extra int64
 	if err := pool.QueryRow(ctx, `SELECT sum(usage_logs)::bigint, sum(overage_input_tokens)::bigint, sum(overage_output_tokens)::bigint,
-			(SELECT coalesce(sum(overage_tokens), 0)::bigint FROM meter_counters WHERE billing_status = 'billed')
+			(SELECT coalesce(sum(overage_tokens), 0)::bigint FROM period_counters WHERE billing_status = 'billed' AND meter NOT IN ('input', 'output'))
 		FROM billing_counters WHERE billing_status = 'billed'`).Scan(&logs, &oin, &oout, &extra); err != nil {
 		t.Fatal(err)
 	}
