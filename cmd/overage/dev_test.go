@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/internal/testkit/pgcontainer"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
@@ -319,16 +320,64 @@ func TestDevCreatesAMissingDatabase(t *testing.T) {
 	c.Close(context.Background())
 }
 
+// unanswered is a DATABASE_URL nothing answers (port 1), so devDatabase
+// turns to Docker.
+const unanswered = "postgres://postgres@127.0.0.1:1/overage?sslmode=disable&connect_timeout=2"
+
+// TestDevStartsPostgreSQLInDocker runs the Docker path wherever a Docker
+// engine answers: the container's database answers, and is gone once the
+// demo stops.
+func TestDevStartsPostgreSQLInDocker(t *testing.T) {
+	t.Parallel()
+	if err := pgcontainer.DockerAnswers(t.Context()); err != nil {
+		t.Skipf("no Docker engine answers, so there is no Docker path to test here: %v", err)
+	}
+	var out strings.Builder
+	got, stop, err := devDatabase(t.Context(), unanswered, &out)
+	if err != nil {
+		t.Fatalf("a Docker engine answers, yet: %v\n%s", err, out.String())
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			stop()
+		}
+	})
+	if !strings.Contains(out.String(), "throwaway PostgreSQL in Docker") {
+		t.Errorf("devDatabase printed %q", out.String())
+	}
+	c, err := pgx.Connect(t.Context(), got)
+	if err != nil {
+		t.Fatalf("the container's database does not answer: %v", err)
+	}
+	var one int
+	if err := c.QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("SELECT 1 = %d, %v", one, err)
+	}
+	_ = c.Close(t.Context())
+	stop()
+	stopped = true
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if c, err := pgx.Connect(ctx, got); err == nil {
+		_ = c.Close(ctx)
+		t.Fatal("the container's database still answers after stop")
+	}
+}
+
+// TestDevSaysHowToProvideADatabase takes the path where neither
+// DATABASE_URL nor Docker answers; where an engine answers, that path is
+// not reachable (TestDevStartsPostgreSQLInDocker runs instead).
 func TestDevSaysHowToProvideADatabase(t *testing.T) {
 	t.Parallel()
+	if pgcontainer.DockerAnswers(t.Context()) == nil {
+		t.Skip("a Docker engine answers: devDatabase starts a container instead of failing")
+	}
 	var out strings.Builder
-	// Port 1 answers nothing; Docker is not running on these machines, and
-	// where it is, this test would start a container — so only run the
-	// check when the error path is taken.
-	_, stop, err := devDatabase(context.Background(), "postgres://postgres@127.0.0.1:1/overage?sslmode=disable&connect_timeout=2", &out)
+	_, stop, err := devDatabase(t.Context(), unanswered, &out)
 	if err == nil {
 		stop()
-		t.Skip("Docker answered: testcontainers provided a database")
+		t.Fatalf("no Docker engine answers, yet devDatabase found a database:\n%s", out.String())
 	}
 	for _, want := range []string{"DATABASE_URL", "Docker", "postgres://"} {
 		if !strings.Contains(err.Error(), want) {
