@@ -204,7 +204,7 @@ func TestConcurrentBatchesSplitExactlyPerMeter(t *testing.T) {
 		if c := b.count(t, `SELECT coalesce(sum(overage_tokens), 0) FROM period_counters WHERE tenant_id = $1 AND meter = $2`, b.capped.ID, k); int64(c) != want[k] {
 			t.Fatalf("meter %s counters %d, want %d", k, c, want[k])
 		}
-		// The finance view reads the same: the meter's line, and the
+		// The finance statement reads the same: the meter's line, and the
 		// dimension sums including it.
 		r, err := finance.Status(context.Background(), b.pool, &b.capped.ID)
 		if err != nil {

@@ -447,7 +447,7 @@ func TestChaos(t *testing.T) {
 		}
 	}
 
-	// The finance view agrees with the rows.
+	// The finance statement agrees with the rows.
 	out, _, err = runCmd(t, map[string]string{"DATABASE_URL": dbURL}, "status", "--json")
 	if err != nil {
 		t.Fatal(err)

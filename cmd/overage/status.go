@@ -13,7 +13,7 @@ import (
 
 const statusSynopsis = "overage status [--tenant ID] [--json]"
 
-// cmdStatus prints the finance view: billed status per tenant and in total,
+// cmdStatus prints the finance statement: billed status per tenant and in total,
 // then the logs an operator must decide on.
 func cmdStatus(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "status", statusSynopsis)
