@@ -34,7 +34,7 @@ const (
 	DefaultMeterOutputEvent = overage.DefaultMeterOutputEvent
 )
 
-// DayLayout is how days are written, in flags, rows and reports.
+// DayLayout is how days are written, in flags, rows and results.
 const DayLayout = "2006-01-02"
 
 // maxFutureSkew is how far ahead of now a usage timestamp (and so a meter
@@ -60,7 +60,7 @@ type Params struct {
 	// judges every window that has ended, negative is an error. The CLI's
 	// default is DefaultSettleAfter.
 	SettleAfter time.Duration
-	// Now is the time the report is made at (default time.Now()).
+	// Now is the time the result is made at (default time.Now()).
 	Now time.Time
 	// Concurrency is how many Stripe listings run at once (default
 	// DefaultConcurrency).
@@ -124,9 +124,9 @@ type Meter struct {
 	MeterIDs []string `json:"meter_ids"`
 }
 
-// Report is the outcome of Run. It marshals to the JSON of
+// Result is the outcome of Run. It marshals to the JSON of
 // `overage reconcile --json`.
-type Report struct {
+type Result struct {
 	From        string        `json:"from"` // first day, inclusive
 	To          string        `json:"to"`   // last day, inclusive
 	TenantID    *uuid.UUID    `json:"tenant_id,omitempty"`
@@ -151,12 +151,12 @@ type Report struct {
 }
 
 // OK reports whether nothing differs. Too-recent rows are not differences.
-func (r *Report) OK() bool { return r.Differences == 0 }
+func (r *Result) OK() bool { return r.Differences == 0 }
 
 // Judged reports whether any window of the range could be compared: a
 // row that is not too recent, or settled days on which neither side holds
-// anything. A report of today alone is never judged.
-func (r *Report) Judged() bool {
+// anything. A result of today alone is never judged.
+func (r *Result) Judged() bool {
 	for _, row := range r.Rows {
 		if row.Status != StatusTooRecent {
 			return true
@@ -186,8 +186,8 @@ type activityKey struct {
 // Run reconciles the database with Stripe's meter event summaries. db is
 // read; stripe is only read. An error means no verdict (a refused Stripe
 // call, a meter that does not sum, an unknown tenant); differences are not
-// errors — see Report.OK.
-func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, p Params) (*Report, error) {
+// errors — see Result.OK.
+func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, p Params) (*Result, error) {
 	if db == nil || stripe == nil {
 		return nil, errors.New("reconcile: a database and a Stripe summary reader are required")
 	}
@@ -199,14 +199,14 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 	end := utcDay(p.To).Add(24 * time.Hour) // exclusive
 	cutoff := p.Now.Add(-p.SettleAfter)
 
-	rep := &Report{
+	res := &Result{
 		From: from.Format(DayLayout), To: utcDay(p.To).Format(DayLayout), TenantID: p.TenantID,
 		GeneratedAt: p.Now, SettleAfter: p.SettleAfter, SettleAfterText: p.SettleAfter.String(),
 		SettleCutoff: cutoff,
 	}
 	for d := from; d.Before(end); d = d.Add(24 * time.Hour) {
 		if d.Add(24 * time.Hour).After(cutoff) {
-			rep.TooRecentFrom = d.Format(DayLayout)
+			res.TooRecentFrom = d.Format(DayLayout)
 			break
 		}
 	}
@@ -215,7 +215,7 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 	if err != nil {
 		return nil, err
 	}
-	rep.Customers = customers
+	res.Customers = customers
 
 	dims := []struct {
 		dim  overage.Dimension
@@ -255,7 +255,7 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 			}
 			m.MeterIDs = append(m.MeterIDs, sm.ID)
 		}
-		rep.Meters = append(rep.Meters, m)
+		res.Meters = append(res.Meters, m)
 	}
 
 	db1, late, activity, err := billed(ctx, db, from, end, cutoff, tenantIDs, p.MeterInputEvent, p.MeterOutputEvent)
@@ -265,7 +265,7 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 	if err := billedOnMeters(ctx, db, from, end, tenantIDs, eventOf, db1, late); err != nil {
 		return nil, err
 	}
-	st, err := summaries(ctx, stripe, p, from, end, customers, rep.Meters)
+	st, err := summaries(ctx, stripe, p, from, end, customers, res.Meters)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +285,7 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		r := Row{Customer: k.customer, Meter: k.meter, Day: k.day, Database: db1[k], Stripe: st[k], ReportedLate: late[k]}
 		r.Delta = r.Stripe - r.Database
 		switch {
-		case rep.TooRecentFrom != "" && k.day >= rep.TooRecentFrom:
+		case res.TooRecentFrom != "" && k.day >= res.TooRecentFrom:
 			r.Status, r.Reason = StatusTooRecent, ReasonWindowOpen
 		case activity[activityKey{k.customer, k.day}]:
 			r.Status, r.Reason = StatusTooRecent, ReasonRecentActivity
@@ -296,17 +296,17 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		}
 		switch r.Status {
 		case StatusMatch:
-			rep.Matches++
+			res.Matches++
 		case StatusDifference:
-			rep.Differences++
+			res.Differences++
 		case StatusTooRecent:
-			rep.TooRecent++
+			res.TooRecent++
 		}
-		rep.Rows = append(rep.Rows, r)
+		res.Rows = append(res.Rows, r)
 	}
 	order := map[Status]int{StatusDifference: 0, StatusTooRecent: 1, StatusMatch: 2}
-	sort.Slice(rep.Rows, func(i, j int) bool {
-		a, b := rep.Rows[i], rep.Rows[j]
+	sort.Slice(res.Rows, func(i, j int) bool {
+		a, b := res.Rows[i], res.Rows[j]
 		if order[a.Status] != order[b.Status] {
 			return order[a.Status] < order[b.Status]
 		}
@@ -318,10 +318,10 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		}
 		return a.Day < b.Day
 	})
-	if rep.Rows == nil {
-		rep.Rows = []Row{}
+	if res.Rows == nil {
+		res.Rows = []Row{}
 	}
-	return rep, nil
+	return res, nil
 }
 
 func (p Params) withDefaults() (Params, error) {
@@ -696,7 +696,7 @@ func integral(v float64) (int64, bool) {
 // TooRecentWindows lists the too_recent rows' (customer, day) windows that
 // are too recent because of billing activity rather than the day's end, in
 // row order, without repeats.
-func (r *Report) TooRecentWindows() []string {
+func (r *Result) TooRecentWindows() []string {
 	var out []string
 	for _, row := range r.Rows {
 		if row.Status == StatusTooRecent && row.Reason == ReasonRecentActivity {

@@ -105,7 +105,7 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 	if p.Meters, err = meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent).List(ctx); err != nil {
 		return &exitError{code: 3, err: fmt.Errorf("read the meter catalog: %w", err)}
 	}
-	rep, err := reconcile.Run(rctx, pool, reader, p)
+	res, err := reconcile.Run(rctx, pool, reader, p)
 	if err != nil {
 		var appErr *overage.Error
 		if errors.As(err, &appErr) && appErr.Code == overage.ENOTFOUND {
@@ -115,16 +115,16 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 		return &exitError{code: reconcileNoVerdict, err: err}
 	}
 	if *asJSON {
-		if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
+		if err := json.NewEncoder(e.stdout).Encode(res); err != nil {
 			return err
 		}
-	} else if err := reconcile.WriteText(e.stdout, rep); err != nil {
+	} else if err := reconcile.WriteText(e.stdout, res); err != nil {
 		return err
 	}
-	if !rep.OK() {
-		return &exitError{code: reconcileDifference, err: fmt.Errorf("reconciliation found %d difference(s) between the database and Stripe", rep.Differences)}
+	if !res.OK() {
+		return &exitError{code: reconcileDifference, err: fmt.Errorf("reconciliation found %d difference(s) between the database and Stripe", res.Differences)}
 	}
-	if msg := nothingJudged(rep); msg != "" {
+	if msg := nothingJudged(res); msg != "" {
 		// A clean exit must not pass for "everything matches".
 		return &exitError{code: reconcileNoVerdict, err: errors.New(msg)}
 	}
@@ -132,13 +132,13 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 }
 
 // nothingJudged says so when no window of the range could be compared yet.
-func nothingJudged(rep *reconcile.Report) string {
-	if rep.Judged() {
+func nothingJudged(res *reconcile.Result) string {
+	if res.Judged() {
 		return ""
 	}
 	msg := "nothing could be judged yet: every day in the range is too recent (newer than --settle-after, or still being billed; today always is)"
-	if rep.TooRecentFrom != "" && rep.TooRecentFrom != rep.From {
-		msg += "; days before " + rep.TooRecentFrom + " had nothing billed"
+	if res.TooRecentFrom != "" && res.TooRecentFrom != res.From {
+		msg += "; days before " + res.TooRecentFrom + " had nothing billed"
 	}
 	return msg + "; run it again later, or narrow --to to settled days"
 }
