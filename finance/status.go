@@ -202,21 +202,21 @@ SELECT t.id, t.name, t.stripe_customer_id,
 	coalesce(c.overage_input_tokens, 0), coalesce(c.overage_output_tokens, 0),
 	coalesce(c.billed_input_tokens, 0), coalesce(c.billed_output_tokens, 0),
 	CASE WHEN c.pending > 0 THEN
-		(SELECT min(u.created_at) FROM usage_logs u WHERE u.tenant_id = t.id AND ` + usagelog.Is("u.billing_status", usagelog.StatusPending) + `)
+		(SELECT min(u.created_at) FROM usage_logs u WHERE u.tenant_id = t.id AND ` + usagelog.Is("u.billing_status", overage.BillingStatusPending) + `)
 	END
 FROM tenants t
 LEFT JOIN (
 	SELECT b.tenant_id,
 		sum(b.usage_logs)::bigint AS usage_logs,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusPending) + `))::bigint AS pending,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNotBillable) + `))::bigint AS not_billable,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNeedsReview) + `))::bigint AS needs_review,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusFailed) + `))::bigint AS failed,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `))::bigint AS billed,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusPending) + `))::bigint AS pending,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusNotBillable) + `))::bigint AS not_billable,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusNeedsReview) + `))::bigint AS needs_review,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusFailed) + `))::bigint AS failed,
 		sum(b.overage_input_tokens)::bigint AS overage_input_tokens,
 		sum(b.overage_output_tokens)::bigint AS overage_output_tokens,
-		(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed_input_tokens,
-		(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed_output_tokens
+		(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `))::bigint AS billed_input_tokens,
+		(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `))::bigint AS billed_output_tokens
 	FROM billing_counters b
 	GROUP BY b.tenant_id
 ) c ON c.tenant_id = t.id
@@ -235,16 +235,16 @@ var (
 // counters as the tenants' lines.
 var totalsQuery = `
 SELECT coalesce(sum(b.usage_logs), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusPending) + `), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNotBillable) + `), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNeedsReview) + `), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusFailed) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusPending) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusNotBillable) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusNeedsReview) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusFailed) + `), 0)::bigint,
 	coalesce(sum(b.overage_input_tokens), 0)::bigint,
 	coalesce(sum(b.overage_output_tokens), 0)::bigint,
-	coalesce(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-	coalesce(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-	(SELECT min(u.created_at) FROM usage_logs u WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusPending) + `)
+	coalesce(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `), 0)::bigint,
+	coalesce(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `), 0)::bigint,
+	(SELECT min(u.created_at) FROM usage_logs u WHERE ` + usagelog.Is("u.billing_status", overage.BillingStatusPending) + `)
 FROM billing_counters b`
 
 // statusKey is the cursor of a page of the statement: the last tenant's

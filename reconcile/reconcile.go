@@ -478,7 +478,7 @@ func billedQuery(tenants bool) string {
 			coalesce(sum(o) FILTER (WHERE billed AND late), 0)::bigint,
 			coalesce(bool_or(recent), false)
 		FROM (SELECT t.stripe_customer_id AS cus, d.dim, d.o, ` + fmt.Sprintf(billingDaySQL, "d.lead", "d.dim") + ` AS day,
-				` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + ` AS billed,
+				` + usagelog.Is("u.billing_status", overage.BillingStatusBilled) + ` AS billed,
 				coalesce(u.stripe_timestamp = 'reported', false) AS late,
 				greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3 AS recent
 			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
@@ -486,7 +486,7 @@ func billedQuery(tenants bool) string {
 				('output', u.overage_output_tokens, u.output_report_lead)) AS d (dim, o, lead)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
 				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
+				AND ` + usagelog.NotIn("u.billing_status", overage.BillingStatusNotBillable)
 	if tenants {
 		q += ` AND u.tenant_id = ANY($5)`
 	}
@@ -549,7 +549,7 @@ func billedOnMetersQuery(tenants bool) string {
 			CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage, u.meter_leads) AS x (k, o, l)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $3) AND u.ts < $2
 				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
+				AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", overage.BillingStatusBilled)
 	if tenants {
 		q += ` AND u.tenant_id = ANY($4)`
 	}

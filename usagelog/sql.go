@@ -94,10 +94,10 @@ func readBacklog(ctx context.Context, db interface {
 
 // backlogSQL reads the backlog.
 var backlogSQL = `SELECT
-			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", StatusPending) + `), 0)::bigint,
-			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", StatusNeedsReview) + `), 0)::bigint,
-			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", StatusFailed) + `), 0)::bigint,
-			(SELECT min(created_at) FROM usage_logs WHERE ` + Is("billing_status", StatusPending) + `),
+			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", overage.BillingStatusPending) + `), 0)::bigint,
+			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", overage.BillingStatusNeedsReview) + `), 0)::bigint,
+			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", overage.BillingStatusFailed) + `), 0)::bigint,
+			(SELECT min(created_at) FROM usage_logs WHERE ` + Is("billing_status", overage.BillingStatusPending) + `),
 			now()
 		FROM billing_counters`
 

@@ -40,18 +40,8 @@ import (
 	"github.com/overage-billing/overage"
 )
 
-// Statuses of a usage log, re-exported so callers of the store need no
-// second import to name them.
-const (
-	StatusPending     = overage.BillingStatusPending
-	StatusBilled      = overage.BillingStatusBilled
-	StatusNotBillable = overage.BillingStatusNotBillable
-	StatusNeedsReview = overage.BillingStatusNeedsReview
-	StatusFailed      = overage.BillingStatusFailed
-)
-
 // Statuses lists every billing status in the order finance prints them.
-var Statuses = []overage.BillingStatus{StatusBilled, StatusPending, StatusNotBillable, StatusNeedsReview, StatusFailed}
+var Statuses = []overage.BillingStatus{overage.BillingStatusBilled, overage.BillingStatusPending, overage.BillingStatusNotBillable, overage.BillingStatusNeedsReview, overage.BillingStatusFailed}
 
 // ReportState is where a report stands with Stripe.
 type ReportState string
@@ -341,7 +331,7 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int
 // Fail marks an open report failed with Stripe's message, and its pending
 // members failed with it: nothing retrying can fix is retried.
 func (s *Store) Fail(ctx context.Context, r Report, msg string) (int64, error) {
-	return s.closeReport(ctx, r, ReportFailed, StatusFailed, msg, nil)
+	return s.closeReport(ctx, r, ReportFailed, overage.BillingStatusFailed, msg, nil)
 }
 
 // Park moves an open report whose first send is past the guard's cutoff (by
@@ -349,7 +339,7 @@ func (s *Store) Fail(ctx context.Context, r Report, msg string) (int64, error) {
 // resend could be applied twice by Stripe. It returns how many logs moved;
 // 0 when the report is not past the cutoff or no longer open.
 func (s *Store) Park(ctx context.Context, r Report, g Guard) (int64, error) {
-	return s.closeReport(ctx, r, ReportNeedsReview, StatusNeedsReview, "", &g)
+	return s.closeReport(ctx, r, ReportNeedsReview, overage.BillingStatusNeedsReview, "", &g)
 }
 
 // parkMessage says why a log waits for an operator, in the database's words.

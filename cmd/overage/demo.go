@@ -28,7 +28,6 @@ import (
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
-	"github.com/overage-billing/overage/usagelog"
 )
 
 // The faults of the demo. demoStripeFaults are drawn per Stripe call by
@@ -263,7 +262,7 @@ func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 func (d *demo) drainEarlierRuns(ctx context.Context) error {
 	var n int64
 	if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = ANY($1) AND billing_status = $2`,
-		d.tenantIDs(), usagelog.StatusPending).Scan(&n); err != nil {
+		d.tenantIDs(), overage.BillingStatusPending).Scan(&n); err != nil {
 		return fmt.Errorf("count pending demo usage logs: %w", err)
 	}
 	if n == 0 {
@@ -408,7 +407,7 @@ func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
 			return fmt.Sprintf("sent %d  accepted %d  (cannot count the logs: %v)", d.sent.Load(), d.accepted.Load(), err)
 		}
 		return fmt.Sprintf("sent %d  accepted %d  billed %d  within the allowance %d  pending %d",
-			d.sent.Load(), d.accepted.Load(), c.total(string(usagelog.StatusBilled)), c.total(string(usagelog.StatusNotBillable)), c.total(string(usagelog.StatusPending)))
+			d.sent.Load(), d.accepted.Load(), c.total(string(overage.BillingStatusBilled)), c.total(string(overage.BillingStatusNotBillable)), c.total(string(overage.BillingStatusPending)))
 	}
 	go func() {
 		defer close(done)
@@ -445,7 +444,7 @@ func (d *demo) waitBilled(ctx context.Context, what string) error {
 	return poll.Wait(ctx, what, 3*time.Minute, 100*time.Millisecond, func() (bool, error) {
 		var pending int64
 		if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = ANY($1) AND billing_status = $2`,
-			d.tenantIDs(), usagelog.StatusPending).Scan(&pending); err != nil {
+			d.tenantIDs(), overage.BillingStatusPending).Scan(&pending); err != nil {
 			return false, fmt.Errorf("count pending demo usage logs: %w", err)
 		}
 		if pending > 0 && time.Since(lastSweep) >= d.sweepGrace {
@@ -471,7 +470,7 @@ func (d *demo) billedByMeter(ctx context.Context) (map[emulator.AppliedKey]int64
 			UNION ALL SELECT 'output', u.overage_output_tokens
 			UNION ALL SELECT x.k, x.o FROM unnest(u.meter_keys, u.meter_overage) AS x (k, o)) AS m
 		WHERE u.tenant_id = ANY($1) AND u.request_id LIKE $2 AND u.billing_status = $3 GROUP BY 1, 2`,
-		d.tenantIDs(), likePrefix(d.runPrefix), usagelog.StatusBilled)
+		d.tenantIDs(), likePrefix(d.runPrefix), overage.BillingStatusBilled)
 	if err != nil {
 		return nil, fmt.Errorf("the demo's billed totals: %w", err)
 	}
@@ -548,7 +547,7 @@ func (d *demo) report(ctx context.Context) error {
 	if twice != "" {
 		problems = append(problems, twice)
 	}
-	if n := logs.total(string(usagelog.StatusBilled)) + logs.total(string(usagelog.StatusNotBillable)); n != d.accepted.Load() {
+	if n := logs.total(string(overage.BillingStatusBilled)) + logs.total(string(overage.BillingStatusNotBillable)); n != d.accepted.Load() {
 		problems = append(problems, fmt.Sprintf("%s accepted but %d billed or within the allowance", plural(d.accepted.Load(), "event", "events"), n))
 	}
 	if len(problems) > 0 {

@@ -44,7 +44,7 @@ func Billed(ctx context.Context, pool *pgxpool.Pool, inputEvent, outputEvent str
 	}
 	rows, err := pool.Query(ctx, `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
 		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		WHERE u.billing_status = $1 AND ($2::uuid[] IS NULL OR u.tenant_id = ANY($2::uuid[])) GROUP BY 1`, usagelog.StatusBilled, only)
+		WHERE u.billing_status = $1 AND ($2::uuid[] IS NULL OR u.tenant_id = ANY($2::uuid[])) GROUP BY 1`, overage.BillingStatusBilled, only)
 	if err != nil {
 		return nil, fmt.Errorf("billed totals: %w", err)
 	}
@@ -72,7 +72,7 @@ func Billed(ctx context.Context, pool *pgxpool.Pool, inputEvent, outputEvent str
 		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
 		CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage) AS x (k, o) JOIN meters m ON m.key = x.k
 		WHERE u.billing_status = $1 AND u.meter_keys IS NOT NULL AND ($2::uuid[] IS NULL OR u.tenant_id = ANY($2::uuid[]))
-		GROUP BY 1, 2`, usagelog.StatusBilled, only)
+		GROUP BY 1, 2`, overage.BillingStatusBilled, only)
 	if err != nil {
 		return nil, fmt.Errorf("billed totals of meters: %w", err)
 	}
