@@ -127,8 +127,9 @@ func (s *Service) Alerts() *alerts.Recorder { return s.alerts }
 type Outcome struct {
 	Status int
 	Body   []byte
-	// Kind is "new", "duplicate" or "replay", for logs and metrics.
-	Kind string
+	// Kind says whether the answer is new, a duplicate or a replay, for
+	// logs and metrics.
+	Kind OutcomeKind
 	// UsageLogID is the usage log the answer is about.
 	UsageLogID uuid.UUID
 	// stored, when not nil, is what is stored under the key instead of
@@ -136,11 +137,14 @@ type Outcome struct {
 	stored []byte
 }
 
-// Outcome kinds.
+// OutcomeKind is what an Outcome answers: a new log, a duplicate of a
+// request_id recorded before, or the stored answer replayed under its key.
+type OutcomeKind string
+
 const (
-	OutcomeNew       = "new"
-	OutcomeDuplicate = "duplicate"
-	OutcomeReplay    = "replay"
+	OutcomeNew       OutcomeKind = "new"
+	OutcomeDuplicate OutcomeKind = "duplicate"
+	OutcomeReplay    OutcomeKind = "replay"
 )
 
 // RecordParams are the inputs of Record, all validated by the caller.

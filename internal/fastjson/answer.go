@@ -205,7 +205,7 @@ func appendUsageLogFields(b []byte, l *overage.UsageLog) ([]byte, bool) {
 		b = append(b, ']')
 	}
 	b = append(b, `,"kind":`...)
-	b = appendJSONString(b, l.Kind)
+	b = appendJSONString(b, string(l.Kind))
 	if l.Corrects != nil {
 		b = append(b, `,"corrects":`...)
 		b = appendUUID(b, *l.Corrects)
