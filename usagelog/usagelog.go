@@ -166,9 +166,8 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Report, error) {
 //
 // The reports locked are updated by their ctid (a TID scan of the locked
 // rows, which no other transaction can move meanwhile). Joined back by
-// key, as it was, the planner without statistics drove the join from the
-// whole table: 320,990 pages read to claim none at 312,500 reports
-// (docs/plans.md).
+// key instead, the planner without statistics drives the join from the
+// whole table (docs/plans.md, "Claim").
 var claimSQL = `UPDATE usage_reports r SET lease_until = now() + make_interval(secs => $2)
 		WHERE r.ctid = ANY (ARRAY(SELECT ctid FROM usage_reports
 			WHERE tenant_id = $1 AND state = 'open' AND (lease_until IS NULL OR lease_until < now())
@@ -301,9 +300,9 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int
 	}
 	in, out := make([]bool, len(ids)), make([]bool, len(ids))
 	// The accepted lines of other meters, per log: their keys joined by
-	// commas (a key is [a-z0-9_]), NULL for none. (As (log, key) pairs
-	// grouped in SQL, the grouping of 30,000 pairs was a tenth of the
-	// statement and spilled to disk.)
+	// commas (a key is [a-z0-9_]), NULL for none, so SQL need not group
+	// (log, key) pairs, which spills to disk at batch sizes
+	// (docs/benchmarks.md, "Measurements behind the code").
 	extra := make([]*string, len(ids))
 	for i, id := range ids {
 		f := flags[id]
@@ -449,9 +448,8 @@ const releaseSQL = `UPDATE usage_reports r SET lease_until = NULL
 // meters, their keys joined by commas, NULL for none). One pass over a
 // log's meter lines (m) gives both its new meter_accepted_at and whether
 // those lines are all accepted, and the completeness is decided once for
-// the three columns it sets: evaluated per column (four scans of the lines
-// a log), with three meters this statement cost about four times the
-// default meters' (docs/benchmarks.md, "Meters").
+// the three columns it sets, not per column (four scans of the lines a
+// log; docs/benchmarks.md, "Meters", has what that cost).
 func acceptMembersSQL(where string) string {
 	const done = `u.billing_status IN ('pending', 'needs_review')
 		AND (u.overage_input_tokens = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
