@@ -18,6 +18,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
@@ -127,7 +128,7 @@ func (f *fixture) record(t *testing.T, customer string, ts time.Time, in, out in
 }
 
 // runWorkers runs the real workers until every id is billed, then stops
-// them, so the report sees a still pipeline.
+// them, so the reconcile run sees a still pipeline.
 func (f *fixture) runWorkers(t *testing.T, ids []uuid.UUID) {
 	t.Helper()
 	f.runWorkersGrace(t, fixtureGrace, ids)
@@ -149,22 +150,14 @@ func (f *fixture) runWorkersGrace(t *testing.T, grace time.Duration, ids []uuid.
 			t.Errorf("workers stopped with %v", err)
 		}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for _, id := range ids {
-		for {
-			var s overage.BillingStatus
-			if err := f.pool.QueryRow(context.Background(), "SELECT billing_status FROM usage_logs WHERE id = $1", id).Scan(&s); err != nil {
-				t.Fatal(err)
-			}
-			if s == overage.BillingStatusBilled {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("usage log %s is %s, not billed, after 30s", id, s)
-			}
-			time.Sleep(20 * time.Millisecond)
+	polltest.Until(t, fmt.Sprintf("%d usage logs billed", len(ids)), 30*time.Second, func() bool {
+		var unbilled int
+		if err := f.pool.QueryRow(context.Background(), "SELECT count(*) FROM usage_logs WHERE id = ANY($1) AND billing_status <> $2",
+			ids, overage.BillingStatusBilled).Scan(&unbilled); err != nil {
+			t.Fatal(err)
 		}
-	}
+		return unbilled == 0
+	})
 }
 
 // billInDatabaseOnly records a usage log and marks it billed in SQL at
@@ -270,7 +263,7 @@ func TestCleanRunMatchesThenNamesTheUnappliedLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := buf.String()
-	t.Logf("report:\n%s", text)
+	t.Logf("result:\n%s", text)
 	lines := strings.Split(text, "\n")
 	if !strings.HasPrefix(lines[1], "STATUS") ||
 		!regexp.MustCompile(`^difference\s+cus_b\s+llm_input_tokens\s+`+y+`\s+240\s+200\s+-40\s+billed in the database, not applied at Stripe$`).MatchString(lines[2]) {
@@ -469,7 +462,7 @@ func TestPaginationOfMetersAndSummaries(t *testing.T) {
 	a, _ := json.Marshal(whole)
 	b, _ := json.Marshal(paged)
 	if !bytes.Equal(a, b) {
-		t.Fatalf("paged report differs:\n%s\n%s", a, b)
+		t.Fatalf("paged result differs:\n%s\n%s", a, b)
 	}
 	if !paged.OK() || paged.Matches != 6 || paged.TooRecent != 4 {
 		t.Fatalf("paged: %s", dumpRows(paged))
