@@ -53,6 +53,22 @@ func (s Source) Read(parts ...Settings) error {
 	return errors.New("configuration: " + strings.Join(e.errs, "; "))
 }
 
+// Names are the variables parts read, in the order they read them, each
+// once: what a command's help lists. Reading fills parts with defaults.
+func Names(parts ...Settings) []string {
+	var names []string
+	seen := map[string]bool{}
+	getenv := func(name string) string {
+		if !seen[name] {
+			seen[name] = true
+			names = append(names, name)
+		}
+		return ""
+	}
+	_ = Read(getenv, parts...) // defaults only: nothing to report
+	return names
+}
+
 // DBConfig is the database of every command (DATABASE_URL).
 type DBConfig struct {
 	URL string

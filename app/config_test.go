@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -172,4 +173,17 @@ func TestDefaultsAreTheTables(t *testing.T) {
 		}
 	}()
 	_ = app.Source{Getenv: envOf(nil), Defaults: map[string]string{"SWEEP_GRAC": "2s"}}.Read(&w)
+}
+
+// TestNamesAreWhatARoleReads: Names lists each variable a role reads once.
+func TestNamesAreWhatARoleReads(t *testing.T) {
+	t.Parallel()
+	names := app.Names(&app.ServeConfig{}, &app.WorkConfig{})
+	all := app.Vars()
+	if len(names) != len(all) {
+		t.Errorf("serve and work read %d variables %v, the table has %d", len(names), names, len(all))
+	}
+	if got := app.Names(&app.ReportConfig{}); !slices.Equal(got, []string{"REPORT_MAX_ATTEMPTS", "REPORT_BATCH_DELAY"}) {
+		t.Errorf("ReportConfig reads %v", got)
+	}
 }

@@ -271,6 +271,8 @@ type flags struct {
 	synopsis string
 	// settings are the flags that override a variable, by its name.
 	settings map[string]*string
+	// vars are the variables the command reads, for its help.
+	vars []string
 }
 
 // newFlags returns a command's flag set. --help prints its usage to stdout;
@@ -298,6 +300,9 @@ func (fs *flags) parse(args []string) error {
 			fs.PrintDefaults()
 			fs.SetOutput(io.Discard)
 		}
+		if len(fs.vars) > 0 {
+			fmt.Fprintf(fs.e.stdout, "\nEnvironment (README.md has each one's default and meaning):\n%s", wrap(fs.vars, "  ", 78))
+		}
 		return err
 	}
 	if err == nil && fs.NArg() > 0 {
@@ -307,6 +312,23 @@ func (fs *flags) parse(args []string) error {
 		return fs.usageError(err)
 	}
 	return nil
+}
+
+// wrap lists words in lines of at most width characters, each indented.
+func wrap(words []string, indent string, width int) string {
+	var b strings.Builder
+	line := indent
+	for _, w := range words {
+		if line != indent && len(line)+1+len(w) > width {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if line != indent {
+			line += " "
+		}
+		line += w
+	}
+	return b.String() + line + "\n"
 }
 
 // require is a usage error naming each of the flags that was not given.
@@ -344,6 +366,7 @@ func loadConfigWith(e env, fs *flags, args []string, defaults map[string]string,
 	// The default is shown as the variable's name, never its value: a
 	// connection string carries a password.
 	dbURL := fs.setting("database-url", "DATABASE_URL", "PostgreSQL connection string (default: $DATABASE_URL, else "+app.DefaultDatabaseURL+")")
+	fs.vars = app.Names(parts...)
 	if err := fs.parse(args); err != nil {
 		return err
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -104,6 +106,27 @@ func TestEachCommandReadsItsOwnSettings(t *testing.T) {
 		_, _, err := runCmd(t, with(tc.notReads), tc.args...)
 		if err == nil || strings.Contains(err.Error(), tc.notReads) || !strings.Contains(err.Error(), "PostgreSQL") {
 			t.Errorf("%v with %s=%q, which it does not read: %v, want it to go on to the database", tc.args, tc.notReads, malformed[tc.notReads], err)
+		}
+	}
+}
+
+// TestHelpListsTheVariablesACommandReads: a command's --help lists the
+// variables it reads, from what it reads, and no others.
+func TestHelpListsTheVariablesACommandReads(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args         []string
+		lists, omits string
+	}{
+		{[]string{"serve", "--help"}, "TENANT_MAX_INFLIGHT", "SWEEP_GRACE"},
+		{[]string{"work", "--help"}, "PERIOD_CLOSE_GRACE", "TENANT_MAX_INFLIGHT"},
+		{[]string{"work", "--help"}, "REPORT_BATCH_DELAY", "ADMIN_TOKEN"},
+		{[]string{"tenant", "list", "--help"}, "DATABASE_URL", "REPORT_BATCH_DELAY"},
+	} {
+		out, _, err := runCmd(t, nil, tc.args...)
+		_, vars, _ := strings.Cut(out, "\nEnvironment")
+		if (err != nil && !errors.Is(err, flag.ErrHelp)) || !strings.Contains(vars, tc.lists) || strings.Contains(vars, tc.omits) {
+			t.Errorf("%v lists %q (%v): want %s and not %s", tc.args, vars, err, tc.lists, tc.omits)
 		}
 	}
 }

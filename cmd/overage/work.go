@@ -10,12 +10,8 @@ const workSynopsis = `overage work [--database-url URL]
 
 Runs the River workers that report overage to Stripe, and the periodic sweep.
 Requires STRIPE_SECRET_KEY (sk_test_... with STRIPE_API_BASE pointing at a Stripe
-emulator or stripe-mock to try it out) and a migrated DATABASE_URL. Also reads
-STRIPE_API_BASE, STRIPE_METER_INPUT_EVENT, STRIPE_METER_OUTPUT_EVENT,
-STRIPE_RATE_LIMIT, STRIPE_IDEMPOTENCY_WINDOW, REPORT_MAX_ATTEMPTS,
-REPORT_BATCH_DELAY, REPORT_BATCH_MAX, REPORT_WORKERS, REPORT_JOB_TIMEOUT,
-SWEEP_INTERVAL, SWEEP_GRACE, STREAM_IDLE_TIMEOUT, WORK_LISTEN_ADDR (health
-and metrics), LOG_LEVEL.`
+emulator or stripe-mock to try it out) and a migrated DATABASE_URL; serves health
+and metrics on WORK_LISTEN_ADDR if set.`
 
 func cmdWork(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "work", workSynopsis)
