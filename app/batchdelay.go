@@ -70,20 +70,31 @@ func ClaimBatchDelay(ctx context.Context, dbURL, role string, delay time.Duratio
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim REPORT_BATCH_DELAY: connect to PostgreSQL: %w", err)
 	}
-	ms := min(delay.Milliseconds(), math.MaxInt32)
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1::int4, $2::int4)`, int32(batchDelayLockClass+idx), int32(ms)); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock_shared($1::int4, $2::int4)`, int32(batchDelayLockClass+idx), int32(delayMillis(delay))); err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, nil, fmt.Errorf("claim REPORT_BATCH_DELAY: %w", err)
 	}
+	others, err := otherDelays(ctx, conn, delay)
+	if err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, nil, fmt.Errorf("claim REPORT_BATCH_DELAY: %w", err)
+	}
+	return &BatchDelayClaim{conn: conn}, others, nil
+}
+
+// otherDelays are the delays of the live claims on db's database that
+// differ from delay.
+func otherDelays(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, delay time.Duration) ([]OtherDelay, error) {
 	// classid and objid are the two keys as oids (their bits unsigned).
-	rows, err := conn.Query(ctx, `SELECT DISTINCT classid::bigint - $1, objid::bigint FROM pg_locks
+	rows, err := db.Query(ctx, `SELECT DISTINCT classid::bigint - $1, objid::bigint FROM pg_locks
 		WHERE locktype = 'advisory' AND objsubid = 2 AND granted
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		AND classid::bigint BETWEEN $1 AND $2 AND objid::bigint <> $3
-		ORDER BY 1, 2`, int64(batchDelayLockClass), int64(batchDelayLockClass+len(delayRoles)-1), ms)
+		ORDER BY 1, 2`, int64(batchDelayLockClass), int64(batchDelayLockClass+len(delayRoles)-1), delayMillis(delay))
 	if err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, nil, fmt.Errorf("claim REPORT_BATCH_DELAY: read the others': %w", err)
+		return nil, fmt.Errorf("read the live processes' REPORT_BATCH_DELAY: %w", err)
 	}
 	others, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (OtherDelay, error) {
 		var i, ms int64
@@ -91,11 +102,13 @@ func ClaimBatchDelay(ctx context.Context, dbURL, role string, delay time.Duratio
 		return OtherDelay{Role: delayRoles[i], Delay: time.Duration(ms) * time.Millisecond}, err
 	})
 	if err != nil {
-		_ = conn.Close(context.WithoutCancel(ctx))
-		return nil, nil, fmt.Errorf("claim REPORT_BATCH_DELAY: read the others': %w", err)
+		return nil, fmt.Errorf("read the live processes' REPORT_BATCH_DELAY: %w", err)
 	}
-	return &BatchDelayClaim{conn: conn}, others, nil
+	return others, nil
 }
+
+// delayMillis is the lock's second key: delay in whole milliseconds.
+func delayMillis(delay time.Duration) int64 { return min(delay.Milliseconds(), math.MaxInt32) }
 
 // OtherDelay is the REPORT_BATCH_DELAY of another live process.
 type OtherDelay struct {
@@ -120,7 +133,7 @@ func BatchDelayMismatch(role string, delay time.Duration, others []OtherDelay) s
 	for _, o := range others {
 		them = append(them, fmt.Sprintf("a %s process with %s", o.Role, o.Delay))
 	}
-	return fmt.Sprintf("REPORT_BATCH_DELAY disagrees: this %s runs with %s, but %s runs on this database; set the same on every serve and work (tenants' logs are reported in more jobs and Stripe calls than either value would make, never twice)",
+	return fmt.Sprintf("REPORT_BATCH_DELAY disagrees: this %s runs with %s, but %s runs on this database; give every process the same (with two values a tenant's logs are reported in more jobs and Stripe calls than either would make, never twice)",
 		role, delay, strings.Join(them, " and "))
 }
 

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +30,18 @@ func OpenTool(ctx context.Context, db DBConfig) (*Tool, error) {
 		return nil, err
 	}
 	return &Tool{Pool: pool, River: rc}, nil
+}
+
+// BatchDelayMismatch says, for a command named command that queues report
+// jobs with delay, whether a live serve or work runs with another
+// REPORT_BATCH_DELAY (see batchdelay.go): "" when none does or the check
+// cannot be made, which the command's own queries will report.
+func (t *Tool) BatchDelayMismatch(ctx context.Context, command string, delay time.Duration) string {
+	others, err := otherDelays(ctx, t.Pool, delay)
+	if err != nil {
+		return ""
+	}
+	return BatchDelayMismatch(command, delay, others)
 }
 
 // Close releases the pool.

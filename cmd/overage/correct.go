@@ -47,7 +47,7 @@ func cmdCorrect(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	tool, err := app.OpenTool(ctx, cfg.db)
+	tool, err := openTool(ctx, e, "correct", cfg.db, cfg.ingest.Report)
 	if err != nil {
 		return err
 	}

@@ -386,6 +386,21 @@ func loadConfigWith(e env, fs *flags, args []string, defaults map[string]string,
 	return app.Source{Getenv: getenv, Defaults: defaults}.Read(parts...)
 }
 
+// openTool opens what a command that queues report jobs with report's
+// settings needs, and warns on stderr when a live serve or work runs with
+// another REPORT_BATCH_DELAY: an operator's shell may lack the deployment's
+// settings.
+func openTool(ctx context.Context, e env, command string, db app.DBConfig, report app.ReportConfig) (*app.Tool, error) {
+	tool, err := app.OpenTool(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if msg := tool.BatchDelayMismatch(ctx, command, report.BatchDelay); msg != "" {
+		fmt.Fprintf(e.stderr, "overage: warning: %s\n", msg)
+	}
+	return tool, nil
+}
+
 // setting adds a string flag that, when given, overrides the variable
 // name for loadConfig.
 func (fs *flags) setting(flagName, name, usage string) *string {

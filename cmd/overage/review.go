@@ -97,7 +97,7 @@ func cmdReviewResolve(ctx context.Context, e env, args []string) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	tool, err := app.OpenTool(ctx, cfg.db)
+	tool, err := openTool(ctx, e, "review resolve", cfg.db, cfg.report)
 	if err != nil {
 		return err
 	}

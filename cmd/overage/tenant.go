@@ -327,7 +327,7 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	tool, err := app.OpenTool(ctx, cfg.db)
+	tool, err := openTool(ctx, e, "tenant update", cfg.db, cfg.report)
 	if err != nil {
 		return err
 	}
