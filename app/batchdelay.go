@@ -26,7 +26,9 @@ import (
 // session-level advisory lock whose key is its role and its delay, on a
 // connection of its own; the lock goes with the process, however it ends,
 // so only live processes are compared and no table is needed.
-// pg_locks shows every holder's key to every role.
+// pg_locks shows every holder's key to every role. A server that closes
+// idle sessions (idle_session_timeout) ends a claim early: the check is
+// then blind to that process, never wrong about a live one.
 
 // batchDelayLockClass is the first key of the two-key advisory locks of
 // delayRoles: "ovgb" and the role's index. Ingest's two-key locks are
