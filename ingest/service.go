@@ -421,6 +421,7 @@ type state struct {
 	catalog        *overage.Catalog
 	catalogVersion int64
 	routes         map[string]overage.Routing
+	lineBlock      []overage.MeterLine // see newLines
 	// closed holds the periods closed when the transaction read them
 	// (usagelog.PeriodClosedSQL): their new logs answer "reported".
 	closed map[time.Time]bool
@@ -792,7 +793,7 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 			l.BillingStatus = overage.BillingStatusPending
 			w.reportIDs = append(w.reportIDs, id)
 		}
-		l.Meters = rawLines(l, lines)
+		l.Meters = rawLinesInto(st.newLines(len(lines)), l, lines)
 		st.catalog.Present(l)
 		results[i] = result{log: l}
 		w.logs = append(w.logs, l)
