@@ -148,18 +148,70 @@ func rawLinesInto(raw []overage.MeterLine, l *overage.UsageLog, lines []overage.
 // needsOrder reports whether the period's new events can be charged
 // without ordering: every meter they feed with an allowance has its total
 // at or past it (totals only grow, so then each event's overage is all
-// its tokens whatever the order).
-func (st *state) needsOrder(p time.Time, fed map[string]bool) bool {
+// its tokens whatever the order). A meter they feed nothing needs no
+// order whatever its total: no event's overage on it depends on it. fed
+// is the meters fed in the period (fedMeters); all: the catalog has only
+// the defaults, taken as both fed.
+func (st *state) needsOrder(p time.Time, fed map[string]bool, all bool) bool {
 	tot := st.totals[p]
-	if tot.InputTokens < st.allowance.InputTokens || tot.OutputTokens < st.allowance.OutputTokens {
+	if (all || fed[overage.MeterInput]) && tot.InputTokens < st.allowance.InputTokens ||
+		(all || fed[overage.MeterOutput]) && tot.OutputTokens < st.allowance.OutputTokens {
 		return true
 	}
 	for k := range fed {
+		if overage.IsDefaultMeter(k) {
+			continue
+		}
 		if inc := st.included[k]; inc > 0 && (!st.extraRead || st.extra[p][k] < inc) {
 			return true
 		}
 	}
 	return false
+}
+
+// fedMeters lists, per period, the meters the new events feed tokens,
+// the defaults included; nil when the catalog has only the defaults.
+// Under a per-model catalog an event may feed neither default meter (the
+// meters benchmark's events feed three others), and a tenant's allowance
+// on a default it never reaches must not order every transaction.
+// Consecutive events of one model and period that feed the same kinds of
+// token are routed once.
+func (st *state) fedMeters(g *group, fresh []int) map[time.Time]map[string]bool {
+	if !st.catalog.Extra() {
+		return nil
+	}
+	fed := map[time.Time]map[string]bool{}
+	var last struct {
+		model  string
+		period time.Time
+		kinds  uint8
+	}
+	for k, i := range fresh {
+		ev := g.events[i]
+		p := st.periods[i]
+		amounts := overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)
+		var kinds uint8
+		for t, n := range amounts {
+			if n != 0 {
+				kinds |= 1 << t
+			}
+		}
+		if k > 0 && kinds == last.kinds && p == last.period && ev.ModelID == last.model {
+			continue
+		}
+		last.model, last.period, last.kinds = ev.ModelID, p, kinds
+		f := fed[p]
+		if f == nil {
+			f = map[string]bool{}
+			fed[p] = f
+		}
+		for t, m := range st.route(ev.ModelID) {
+			if amounts[t] != 0 {
+				f[m] = true
+			}
+		}
+	}
+	return fed
 }
 
 // extraAllowances lists the meters other than the defaults with an

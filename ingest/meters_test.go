@@ -393,3 +393,52 @@ func TestCorrectionWithCorrectedPartsMovesTokensBetweenMeters(t *testing.T) {
 	same := b.do(t, http.MethodPost, path, b.alice.APIKey, "c2", `{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":20,"reason":"again"}`)
 	requireProblem(t, same, http.StatusUnprocessableEntity, "validation-failed")
 }
+
+// Events a per-model catalog routes away from both default meters feed
+// them nothing, so the tenant's allowance on the defaults, not reached,
+// orders none of them: concurrent events charge the transactions' slot
+// rows (no period lock, no slot 0), every token is overage on the model's
+// meters, and the defaults' allowance is left whole for the events that
+// do feed them.
+func TestEventsThatFeedNoDefaultMeterNeedNoOrderForItsAllowance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createMeters(t,
+		meters.CreateParams{Key: "m_input", EventName: "m_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}},
+		meters.CreateParams{Key: "m_cache", EventName: "m_cache_read_tokens", TokenType: overage.TokenCacheRead, Models: []string{"gpt-4o"}},
+		meters.CreateParams{Key: "m_output", EventName: "m_output_tokens", TokenType: overage.TokenOutput, Models: []string{"gpt-4o"}},
+	)
+	const n = 30
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r := b.post(t, b.capped.APIKey, fmt.Sprintf("m%d", i), partsEvent("gpt-4o", 100, 30, 0, 50, 0))
+			requireStatus(t, r, http.StatusAccepted)
+			lines := meterLines(t, r.body)
+			if lines["m_input"].Overage != 70 || lines["m_cache"].Overage != 30 || lines["m_output"].Overage != 50 ||
+				lines["input"].Tokens != 0 || lines["output"].Tokens != 0 {
+				t.Errorf("lines %+v, want all overage on the model's meters, nothing on the defaults", lines)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if c := b.count(t, `SELECT (SELECT count(*) FROM allowance_usage WHERE tenant_id = $1 AND slot = 0)
+		+ (SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND slot = 0)`, b.capped.ID); c != 0 {
+		t.Fatalf("%d rows of the ordered slot: events feeding no default meter were ordered for its allowance", c)
+	}
+	if c := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1`, b.capped.ID); c != n*150 {
+		t.Fatalf("meter totals %d, want %d", c, n*150)
+	}
+	// The defaults' allowance is untouched: an event of another model
+	// falls within it.
+	r := b.post(t, b.capped.APIKey, "other", event(130, 40))
+	requireStatus(t, r, http.StatusAccepted)
+	if lines := meterLines(t, r.body); lines["input"].Overage != 0 || lines["output"].Overage != 0 {
+		t.Fatalf("an event of the defaults: lines %+v, want within the allowance", lines)
+	}
+}
