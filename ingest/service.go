@@ -889,16 +889,15 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
 				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 				meter_keys, meter_tokens, meter_overage, stripe_timestamp)
-			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13,
-				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n],
-				x.keys, x.tokens, x.over, CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
+			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13, u.cr, u.cw, u.rs,
+				string_to_array(u.mk, ','),
+				CASE WHEN u.cnt > 0 THEN ($18::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
+				CASE WHEN u.cnt > 0 THEN ($19::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
+				CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
 			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[], $17::text[]) WITH ORDINALITY
-				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, mk, n)
-			LEFT JOIN LATERAL (
-				SELECT string_to_array(u.mk, ',') AS keys, ($18::bigint[])[lo:hi] AS tokens, ($19::bigint[])[lo:hi] AS over
-				FROM (SELECT ($20::int[])[u.n] + 1 AS lo, ($20::int[])[u.n] + ($21::int[])[u.n] AS hi) AS r
-				WHERE ($21::int[])[u.n] > 0) AS x ON true
+				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[], $14::bigint[], $15::bigint[], $16::bigint[],
+				$17::text[], $20::int[], $21::int[])
+				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, cr, cw, rs, mk, lo, cnt)
 			ORDER BY u.rid COLLATE "C"`,
 			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons,
 			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count, closed)
