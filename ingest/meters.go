@@ -42,15 +42,21 @@ func (t extraTotals) add(p time.Time, meter string, n int64) {
 }
 
 // extraTotalsSQL reads the totals of every non-default meter of the tenant
-// $1 in the periods of the usage timestamps $2 (the periods as periodsSQL
-// computes them). Queued only while the catalog has such meters.
+// $1 in each period an event of the usage timestamps $2 may fall in: each
+// timestamp's calendar month and every subscription period overlapping
+// their span. That is every period periodsSQL computes for them, and
+// maybe more (a total of a period no event falls in is never used),
+// without periodsSQL's lookup of a subscription per event, which this read
+// repeated for every event of a batch under a per-model catalog. Queued
+// only while the catalog has such meters.
 const extraTotalsSQL = `
-	WITH p AS (
-		SELECT DISTINCT coalesce((
-			SELECT s.current_period_start FROM tenant_subscriptions s
-			WHERE s.tenant_id = $1 AND s.current_period_start <= e.ts AND e.ts < s.current_period_end
-			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', e.ts, 'UTC')) AS start
-		FROM unnest($2::timestamptz[]) AS e (ts)
+	WITH e AS (
+		SELECT min(ts) AS lo, max(ts) AS hi FROM unnest($2::timestamptz[]) AS e (ts)
+	), p AS (
+		SELECT date_trunc('month', e.ts, 'UTC') AS start FROM unnest($2::timestamptz[]) AS e (ts)
+		UNION
+		SELECT s.current_period_start FROM tenant_subscriptions s, e
+		WHERE s.tenant_id = $1 AND s.current_period_start <= e.hi AND e.lo < s.current_period_end
 	)
 	SELECT m.period_start, m.meter, sum(m.tokens)::bigint
 	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/finance"
@@ -440,5 +441,46 @@ func TestEventsThatFeedNoDefaultMeterNeedNoOrderForItsAllowance(t *testing.T) {
 	requireStatus(t, r, http.StatusAccepted)
 	if lines := meterLines(t, r.body); lines["input"].Overage != 0 || lines["output"].Overage != 0 {
 		t.Fatalf("an event of the defaults: lines %+v, want within the allowance", lines)
+	}
+}
+
+// The totals of the other meters are read for the tenant's subscription
+// period an event falls in, not only calendar months: once a meter's
+// allowance is used up in that period, the next batch there charges it
+// without ordering (the transaction's slot, not slot 0), all overage.
+func TestMeterTotalsOfASubscriptionPeriodSpareTheOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.createMeters(t, meters.CreateParams{Key: "m_input", EventName: "m_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}})
+	now := time.Now().UTC()
+	start := now.Add(-2 * time.Hour).Truncate(time.Microsecond)
+	if _, err := b.pool.Exec(ctx, `INSERT INTO tenant_subscriptions
+		(tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
+		VALUES ($1, 'sub_1', 'active', $2, $3, now())`, b.capped.ID, start, now.Add(30*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE tenants SET included_meters = '{"m_input": 1000}' WHERE id = $1`, b.capped.ID); err != nil {
+		t.Fatal(err)
+	}
+	at := func(rid string, in int) string {
+		return fmt.Sprintf(`{"request_id":%q,"timestamp":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":%d,"output_tokens":0}`,
+			rid, now.Add(-time.Hour).Format(time.RFC3339Nano), in)
+	}
+	requireStatus(t, b.postBatch(t, b.capped.APIKey, "k1", batch(at("a", 1500))), http.StatusAccepted)
+	r := b.postBatch(t, b.capped.APIKey, "k2", batch(at("b", 100), at("c", 200)))
+	requireStatus(t, r, http.StatusAccepted)
+	for i, e := range batchEvents(t, r) {
+		for _, ln := range e["meters"].([]any) {
+			if l := ln.(map[string]any); l["meter"] == "m_input" && l["overage"] != l["tokens"] {
+				t.Fatalf("event %d: %v, want all overage", i, l)
+			}
+		}
+	}
+	if c := b.count(t, `SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND slot > 0`, b.capped.ID, start); c == 0 {
+		t.Fatal("the batch past the meter's allowance was ordered: its period's total was not read")
+	}
+	if c := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2`, b.capped.ID, start); c != 1800 {
+		t.Fatalf("the subscription period's total %d, want 1800", c)
 	}
 }
