@@ -462,16 +462,7 @@ func (d *demo) waitBilled(ctx context.Context, what string) error {
 // billedByMeter returns this run's billed overage per Stripe customer and
 // meter event name, in the emulator's shape.
 func (d *demo) billedByMeter(ctx context.Context) (map[emulator.AppliedKey]int64, error) {
-	// The default meters' overage is in their columns, every other meter's
-	// in the logs' meter arrays (see docs/meters.md).
-	rows, err := d.pool.Query(ctx, `SELECT t.stripe_customer_id, m.meter, sum(m.overage)::bigint
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		CROSS JOIN LATERAL (
-			SELECT 'input' AS meter, u.overage_input_tokens AS overage
-			UNION ALL SELECT 'output', u.overage_output_tokens
-			UNION ALL SELECT x.k, x.o FROM unnest(u.meter_keys, u.meter_overage) AS x (k, o)) AS m
-		WHERE u.tenant_id = ANY($1) AND u.request_id LIKE $2 AND u.billing_status = $3 GROUP BY 1, 2`,
-		d.tenantIDs(), likePrefix(d.runPrefix), usagelog.StatusBilled)
+	totals, err := usagelog.BilledTotals(ctx, d.pool, d.tenantIDs(), d.runPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("the demo's billed totals: %w", err)
 	}
@@ -480,17 +471,12 @@ func (d *demo) billedByMeter(ctx context.Context) (map[emulator.AppliedKey]int64
 		return nil, err
 	}
 	billed := map[emulator.AppliedKey]int64{}
-	var customer, key string
-	var n int64
-	if _, err := pgx.ForEachRow(rows, []any{&customer, &key, &n}, func() error {
-		m, ok := cat.Meter(key)
+	for k, n := range totals {
+		m, ok := cat.Meter(k.Meter)
 		if !ok {
-			return fmt.Errorf("usage logs name the meter %q, which the catalog does not hold", key)
+			return nil, fmt.Errorf("the demo's billed totals: usage logs name the meter %q, which the catalog does not hold", k.Meter)
 		}
-		billed[emulator.AppliedKey{Customer: customer, EventName: m.EventName}] += n
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("the demo's billed totals: %w", err)
+		billed[emulator.AppliedKey{Customer: k.Customer, EventName: m.EventName}] += n
 	}
 	return billed, nil
 }
