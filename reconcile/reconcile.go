@@ -15,6 +15,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/tenants"
 
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -358,36 +359,19 @@ func utcDay(t time.Time) time.Time { return t.UTC().Truncate(24 * time.Hour) }
 // scope returns the customers in scope and, with a tenant filter, the ids
 // of their tenants (nil without a filter: every tenant).
 func scope(ctx context.Context, db overage.DB, tenantID *uuid.UUID) ([]Customer, []uuid.UUID, error) {
-	q := `SELECT id, name, stripe_customer_id FROM tenants ORDER BY stripe_customer_id, id`
-	var args []any
-	if tenantID != nil {
-		q = `SELECT id, name, stripe_customer_id FROM tenants
-			WHERE stripe_customer_id = (SELECT stripe_customer_id FROM tenants WHERE id = $1)
-			ORDER BY stripe_customer_id, id`
-		args = append(args, *tenantID)
-	}
-	rows, err := db.Query(ctx, q, args...)
+	ts, err := tenants.ByCustomer(ctx, db, tenantID)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
-	defer rows.Close()
 	var customers []Customer
 	var ids []uuid.UUID
-	for rows.Next() {
-		var t Tenant
-		var cus string
-		if err := rows.Scan(&t.ID, &t.Name, &cus); err != nil {
-			return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
-		}
-		if len(customers) == 0 || customers[len(customers)-1].StripeCustomerID != cus {
-			customers = append(customers, Customer{StripeCustomerID: cus})
+	for _, tn := range ts {
+		if len(customers) == 0 || customers[len(customers)-1].StripeCustomerID != tn.StripeCustomerID {
+			customers = append(customers, Customer{StripeCustomerID: tn.StripeCustomerID})
 		}
 		c := &customers[len(customers)-1]
-		c.Tenants = append(c.Tenants, t)
-		ids = append(ids, t.ID)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
+		c.Tenants = append(c.Tenants, Tenant{ID: tn.ID, Name: tn.Name})
+		ids = append(ids, tn.ID)
 	}
 	if tenantID != nil {
 		if len(customers) == 0 {
