@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
@@ -199,27 +197,24 @@ func (d *demo) eventNames() []string {
 
 func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 	store := tenants.NewStore(d.pool)
-	var id uuid.UUID
-	err := d.pool.QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1 AND stripe_customer_id = $2 ORDER BY created_at, id LIMIT 1`,
-		p.Name, p.StripeCustomerID).Scan(&id)
-	reused := err == nil
+	id, reused, err := store.Find(ctx, p.Name, p.StripeCustomerID)
+	if err != nil {
+		return fmt.Errorf("find demo tenant %s: %w", p.Name, err)
+	}
 	var key string
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	if !reused {
 		c, err := store.Create(ctx, p)
 		if err != nil {
 			return fmt.Errorf("create demo tenant %s: %w", p.Name, err)
 		}
 		id, key = c.ID, c.APIKey
-	case err != nil:
-		return fmt.Errorf("find demo tenant %s: %w", p.Name, err)
-	default:
+	} else {
 		k, err := store.AddKey(ctx, id)
 		if err != nil {
 			return fmt.Errorf("new API key of demo tenant %s: %w", p.Name, err)
 		}
 		key = k.Key
-		if _, err := d.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1 AND id <> $2 AND revoked_at IS NULL`, id, k.ID); err != nil {
+		if err := store.RevokeOtherKeys(ctx, id, k.ID); err != nil {
 			return fmt.Errorf("revoke earlier API keys of demo tenant %s: %w", p.Name, err)
 		}
 	}
@@ -261,9 +256,8 @@ func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 // the workers report them to this run's emulator, before the burst, so
 // they cannot mix into this run's reports.
 func (d *demo) drainEarlierRuns(ctx context.Context) error {
-	var n int64
-	if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = ANY($1) AND billing_status = $2`,
-		d.tenantIDs(), usagelog.StatusPending).Scan(&n); err != nil {
+	n, err := usagelog.CountInStatus(ctx, d.pool, d.tenantIDs(), usagelog.StatusPending)
+	if err != nil {
 		return fmt.Errorf("count pending demo usage logs: %w", err)
 	}
 	if n == 0 {
@@ -365,31 +359,18 @@ func (l runLogs) total(status string) int64 {
 
 // counts returns this run's usage logs by tenant and billing status.
 func (d *demo) counts(ctx context.Context) (runLogs, error) {
-	rows, err := d.pool.Query(ctx, `SELECT tenant_id, billing_status, count(*) FROM usage_logs
-		WHERE tenant_id = ANY($1) AND request_id LIKE $2 GROUP BY 1, 2`, d.tenantIDs(), likePrefix(d.runPrefix))
+	byTenant, err := usagelog.CountRunByStatus(ctx, d.pool, d.tenantIDs(), d.runPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("count the demo's usage logs: %w", err)
 	}
 	out := runLogs{}
 	for _, t := range d.tenants {
 		out[t.id] = map[string]int64{}
-	}
-	var id uuid.UUID
-	var status string
-	var n int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &status, &n}, func() error {
-		out[id][status] = n
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("count the demo's usage logs: %w", err)
+		for status, n := range byTenant[t.id] {
+			out[t.id][string(status)] = n
+		}
 	}
 	return out, nil
-}
-
-// likePrefix is a LIKE pattern matching strings that start with p.
-func likePrefix(p string) string {
-	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(p) + "%"
 }
 
 // progress redraws one status line in place on a terminal, and prints a
@@ -443,9 +424,8 @@ func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
 func (d *demo) waitBilled(ctx context.Context, what string) error {
 	lastSweep := time.Now()
 	return poll.Wait(ctx, what, 3*time.Minute, 100*time.Millisecond, func() (bool, error) {
-		var pending int64
-		if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = ANY($1) AND billing_status = $2`,
-			d.tenantIDs(), usagelog.StatusPending).Scan(&pending); err != nil {
+		pending, err := usagelog.CountInStatus(ctx, d.pool, d.tenantIDs(), usagelog.StatusPending)
+		if err != nil {
 			return false, fmt.Errorf("count pending demo usage logs: %w", err)
 		}
 		if pending > 0 && time.Since(lastSweep) >= d.sweepGrace {

@@ -1,0 +1,58 @@
+package usagelog
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+)
+
+// Counts of usage logs for the demo's progress and closing table and for
+// lifting a suspension.
+
+// CountInStatus counts the usage logs of tenants in status st.
+func CountInStatus(ctx context.Context, db DB, tenantIDs []uuid.UUID, st overage.BillingStatus) (int64, error) {
+	var n int64
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = ANY($1) AND billing_status = $2`,
+		tenantIDs, st).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count %s usage logs: %w", st, err)
+	}
+	return n, nil
+}
+
+// CountRunByStatus counts the usage logs of tenants whose request_id
+// starts with prefix (one run of the demo), by tenant and billing status.
+func CountRunByStatus(ctx context.Context, db DB, tenantIDs []uuid.UUID, prefix string) (map[uuid.UUID]map[overage.BillingStatus]int64, error) {
+	rows, err := db.Query(ctx, `SELECT tenant_id, billing_status, count(*) FROM usage_logs
+		WHERE tenant_id = ANY($1) AND request_id LIKE $2 GROUP BY 1, 2`, tenantIDs, likePrefix(prefix))
+	if err != nil {
+		return nil, fmt.Errorf("count usage logs by status: %w", err)
+	}
+	out := map[uuid.UUID]map[overage.BillingStatus]int64{}
+	var id uuid.UUID
+	var status overage.BillingStatus
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &status, &n}, func() error {
+		if out[id] == nil {
+			out[id] = map[overage.BillingStatus]int64{}
+		}
+		out[id][status] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("count usage logs by status: %w", err)
+	}
+	return out, nil
+}
+
+// HasPending reports whether the tenant has a pending usage log: one
+// probe of the pending index.
+func HasPending(ctx context.Context, db DB, tenantID uuid.UUID) (bool, error) {
+	var waiting bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM usage_logs WHERE tenant_id = $1 AND billing_status = 'pending')`, tenantID).Scan(&waiting); err != nil {
+		return false, fmt.Errorf("find the pending usage logs of tenant %s: %w", tenantID, err)
+	}
+	return waiting, nil
+}
