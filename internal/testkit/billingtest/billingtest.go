@@ -105,15 +105,12 @@ func RequireStripeMatchesBilled(t testing.TB, pool *pgxpool.Pool, emu *emulator.
 	for _, e := range emu.Events() {
 		// Every event Stripe took is one accepted report, with the value
 		// and timestamp committed for it before its first send.
-		var value int64
-		var ts time.Time
-		var state string
-		if err := pool.QueryRow(context.Background(), `SELECT value, ts, state FROM usage_reports
-			WHERE 'usage-log:' || lead_usage_log_id || ':' || dimension = $1`, e.Identifier).Scan(&value, &ts, &state); err != nil {
+		r, err := usagelog.ReportByKey(context.Background(), pool, e.Identifier)
+		if err != nil {
 			t.Fatalf("Stripe applied %s, which is no report: %v", e.Identifier, err)
 		}
-		if value != e.Value || !ts.Truncate(time.Second).Equal(e.Timestamp.Truncate(time.Second)) || state != string(usagelog.ReportAccepted) {
-			t.Fatalf("Stripe applied %s with value %d at %s; its report has %d at %s and is %s", e.Identifier, e.Value, e.Timestamp, value, ts, state)
+		if r.Value != e.Value || !r.Timestamp.Truncate(time.Second).Equal(e.Timestamp.Truncate(time.Second)) || r.State != usagelog.ReportAccepted {
+			t.Fatalf("Stripe applied %s with value %d at %s; its report has %d at %s and is %s", e.Identifier, e.Value, e.Timestamp, r.Value, r.Timestamp, r.State)
 		}
 	}
 }

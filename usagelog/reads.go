@@ -3,6 +3,7 @@ package usagelog
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -10,8 +11,9 @@ import (
 	"github.com/overage-billing/overage"
 )
 
-// Counts of usage logs for the demo's progress and closing table and for
-// lifting a suspension.
+// Small reads of usage logs and reports for other packages: the demo's
+// progress and closing table, lifting a suspension, the end-to-end tests'
+// check of what Stripe took.
 
 // CountInStatus counts the usage logs of tenants in status st.
 func CountInStatus(ctx context.Context, db DB, tenantIDs []uuid.UUID, st overage.BillingStatus) (int64, error) {
@@ -55,4 +57,24 @@ func HasPending(ctx context.Context, db DB, tenantID uuid.UUID) (bool, error) {
 		return false, fmt.Errorf("find the pending usage logs of tenant %s: %w", tenantID, err)
 	}
 	return waiting, nil
+}
+
+// SentReport is a report as the event Stripe took was formed: its value,
+// timestamp and state.
+type SentReport struct {
+	Value     int64
+	Timestamp time.Time
+	State     ReportState
+}
+
+// ReportByKey reads the report whose meter event identifier is key
+// (Report.Key). It compares every report's key: for tests, not for a
+// table of millions. pgx.ErrNoRows: no report has the key.
+func ReportByKey(ctx context.Context, db DB, key string) (SentReport, error) {
+	var r SentReport
+	if err := db.QueryRow(ctx, `SELECT value, ts, state FROM usage_reports
+			WHERE 'usage-log:' || lead_usage_log_id || ':' || dimension = $1`, key).Scan(&r.Value, &r.Timestamp, &r.State); err != nil {
+		return r, fmt.Errorf("report %s: %w", key, err)
+	}
+	return r, nil
 }
