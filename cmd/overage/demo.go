@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/flakyproxy"
@@ -231,10 +232,22 @@ func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 		if reused {
 			// Earlier runs this month used some of it: say what is left,
 			// or the table's "within the allowance" row would puzzle.
-			var in, out int64
-			if err := d.pool.QueryRow(ctx, `SELECT coalesce(sum(input_tokens), 0)::bigint, coalesce(sum(output_tokens), 0)::bigint
-				FROM allowance_usage WHERE tenant_id = $1 AND period_start = date_trunc('month', now(), 'UTC')`, id).Scan(&in, &out); err != nil {
+			// The tenant's usage as GET /v1/usage reads it, of this month
+			// in UTC.
+			now := time.Now().UTC()
+			month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+			u, err := alerts.ReadUsage(ctx, d.pool, id, &month, nil)
+			if err != nil {
 				return fmt.Errorf("allowance of demo tenant %s: %w", p.Name, err)
+			}
+			var in, out int64
+			for _, m := range u.Meters {
+				switch m.Meter {
+				case overage.MeterInput:
+					in = m.Used
+				case overage.MeterOutput:
+					out = m.Used
+				}
 			}
 			leftIn, leftOut := max(0, t.IncludedInputTokens-in), max(0, t.IncludedOutputTokens-out)
 			if leftIn == 0 && leftOut == 0 {
