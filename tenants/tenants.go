@@ -1,6 +1,15 @@
 // Package tenants creates tenants and their API keys and authenticates
 // requests. An API key is shown once, at creation, and stored only as its
 // SHA-256: a database dump reveals no usable key.
+//
+// The package owns the tables tenants, api_keys, tenant_subscriptions and
+// closed_periods (docs/architecture.md): every write of them is here, and
+// every statement about them; another package's statement may join
+// tenants read-only, by key, for a column it shows (a name, a Stripe
+// customer, an alert endpoint). Functions taking an overage.DB run in the
+// caller's transaction when the write must commit with the caller's own
+// (the Stripe webhooks: the event, its effect on the tenant and its
+// record commit together).
 package tenants
 
 import (
