@@ -52,7 +52,8 @@ func seedBilled(t *testing.T, pool *pgxpool.Pool, logs []billedLog) {
 // The billed sums add the billed logs' overage per customer (tenants
 // sharing one added together) and meter, and nothing of the logs pending,
 // under review, failed or not billable; BilledTotals folds the days, and
-// its tenant and request_id filters narrow what it adds.
+// its tenant and request_id filters narrow what it adds. The counts of the
+// same logs by status agree.
 func TestBilledSumsPerCustomerAndMeter(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -109,6 +110,23 @@ func TestBilledSumsPerCustomerAndMeter(t *testing.T) {
 				t.Errorf("billed totals\n got %v\nwant %v", got, c.want)
 			}
 		})
+	}
+
+	// The counts the demo and a lifted suspension read, of the same logs.
+	if n, err := usagelog.CountInStatus(ctx, pool, []uuid.UUID{a1, a2}, usagelog.StatusBilled); err != nil || n != 3 {
+		t.Errorf("billed logs of a1 and a2: %d, %v; want 3", n, err)
+	}
+	runs, err := usagelog.CountRunByStatus(ctx, pool, []uuid.UUID{a1, a2, b}, "run1-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := fmt.Sprint(runs[a1], runs[a2], runs[b]), "map[billed:1 pending:1] map[billed:1 failed:1 needs_review:1] map[not_billable:1]"; got != want {
+		t.Errorf("logs of run1- by tenant and status: %s, want %s", got, want)
+	}
+	for id, want := range map[uuid.UUID]bool{a1: true, a2: false} {
+		if got, err := usagelog.HasPending(ctx, pool, id); err != nil || got != want {
+			t.Errorf("HasPending(%s) = %v, %v; want %v", id, got, err, want)
+		}
 	}
 
 	// By day: the days asked only, and the activity after the cutoff of
