@@ -209,7 +209,7 @@ func billedQuery(f billedFilter) string {
 			coalesce(sum(o) FILTER (WHERE billed AND late), 0)::bigint,
 			coalesce(bool_or(recent), false)
 		FROM (SELECT t.stripe_customer_id AS cus, d.dim, d.o, ` + fmt.Sprintf(billingDaySQL, "d.lead", "d.dim") + ` AS day,
-				` + Is("u.billing_status", StatusBilled) + ` AS billed,
+				` + Is("u.billing_status", overage.BillingStatusBilled) + ` AS billed,
 				coalesce(u.stripe_timestamp = 'reported', false) AS late,
 				greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3 AS recent
 			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
@@ -217,7 +217,7 @@ func billedQuery(f billedFilter) string {
 				('output', u.overage_output_tokens, u.output_report_lead)) AS d (dim, o, lead)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
 				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND ` + NotIn("u.billing_status", StatusNotBillable)
+				AND ` + NotIn("u.billing_status", overage.BillingStatusNotBillable)
 	q += f.where(5)
 	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
 		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
@@ -267,7 +267,7 @@ func billedOnMetersQuery(f billedFilter) string {
 			CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage, u.meter_leads) AS x (k, o, l)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $3) AND u.ts < $2
 				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND u.meter_keys IS NOT NULL AND ` + Is("u.billing_status", StatusBilled)
+				AND u.meter_keys IS NOT NULL AND ` + Is("u.billing_status", overage.BillingStatusBilled)
 	q += f.where(4)
 	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
 		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -113,7 +114,7 @@ func TestBilledSumsPerCustomerAndMeter(t *testing.T) {
 	}
 
 	// The counts the demo and a lifted suspension read, of the same logs.
-	if n, err := usagelog.CountInStatus(ctx, pool, []uuid.UUID{a1, a2}, usagelog.StatusBilled); err != nil || n != 3 {
+	if n, err := usagelog.CountInStatus(ctx, pool, []uuid.UUID{a1, a2}, overage.BillingStatusBilled); err != nil || n != 3 {
 		t.Errorf("billed logs of a1 and a2: %d, %v; want 3", n, err)
 	}
 	runs, err := usagelog.CountRunByStatus(ctx, pool, []uuid.UUID{a1, a2, b}, "run1-")

@@ -49,11 +49,11 @@ type ParkedParams struct {
 // the table; the constant IN lets the planner prove that index applies
 // whatever statuses are passed, which is why only those two may be.
 func ListParked(ctx context.Context, db DB, p ParkedParams) ([]Parked, error) {
-	statuses := []string{string(StatusNeedsReview), string(StatusFailed)}
+	statuses := []string{string(overage.BillingStatusNeedsReview), string(overage.BillingStatusFailed)}
 	if len(p.Statuses) > 0 {
 		statuses = statuses[:0]
 		for _, s := range p.Statuses {
-			if s != StatusNeedsReview && s != StatusFailed {
+			if s != overage.BillingStatusNeedsReview && s != overage.BillingStatusFailed {
 				return nil, fmt.Errorf("list usage logs to review: status %q is not one an operator reviews (needs_review, failed)", s)
 			}
 			statuses = append(statuses, string(s))
@@ -71,7 +71,7 @@ func ListParked(ctx context.Context, db DB, p ParkedParams) ([]Parked, error) {
 		CROSS JOIN LATERAL (
 			SELECT * FROM usage_logs u
 			WHERE u.tenant_id = t.id AND u.billing_status = ANY($2)
-				AND `+In("u.billing_status", StatusNeedsReview, StatusFailed)+`
+				AND `+In("u.billing_status", overage.BillingStatusNeedsReview, overage.BillingStatusFailed)+`
 		) u
 		WHERE $1::uuid IS NULL OR t.id = $1::uuid
 		ORDER BY u.created_at, u.id

@@ -131,7 +131,7 @@ func OldestPendingSQL(tenant string) string {
 	if tenant != "" {
 		cond = "u.tenant_id = " + tenant + " AND "
 	}
-	return `(SELECT min(u.created_at) FROM usage_logs u WHERE ` + cond + Is("u.billing_status", StatusPending) + `)`
+	return `(SELECT min(u.created_at) FROM usage_logs u WHERE ` + cond + Is("u.billing_status", overage.BillingStatusPending) + `)`
 }
 
 // CountersSQL is the counter rows of billing_counters computed from the

@@ -269,7 +269,7 @@ func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 // the workers report them to this run's emulator, before the burst, so
 // they cannot mix into this run's reports.
 func (d *demo) drainEarlierRuns(ctx context.Context) error {
-	n, err := usagelog.CountInStatus(ctx, d.pool, d.tenantIDs(), usagelog.StatusPending)
+	n, err := usagelog.CountInStatus(ctx, d.pool, d.tenantIDs(), overage.BillingStatusPending)
 	if err != nil {
 		return fmt.Errorf("count pending demo usage logs: %w", err)
 	}
@@ -437,7 +437,7 @@ func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
 func (d *demo) waitBilled(ctx context.Context, what string) error {
 	lastSweep := time.Now()
 	return poll.Wait(ctx, what, 3*time.Minute, 100*time.Millisecond, func() (bool, error) {
-		pending, err := usagelog.CountInStatus(ctx, d.pool, d.tenantIDs(), usagelog.StatusPending)
+		pending, err := usagelog.CountInStatus(ctx, d.pool, d.tenantIDs(), overage.BillingStatusPending)
 		if err != nil {
 			return false, fmt.Errorf("count pending demo usage logs: %w", err)
 		}
