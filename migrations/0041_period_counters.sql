@@ -34,10 +34,78 @@ CREATE TABLE period_counters (
 COMMENT ON TABLE period_counters IS
     'overage per tenant, allowance period, meter and billing_status, maintained by statement triggers on usage_logs';
 
--- period_counters_insert_rows, period_counters_update_rows and
--- period_counters_delete_rows, which the triggers below call, are defined
--- by 0032: it runs first on a new database, and on one that applied this
--- file with their earlier bodies it replaces them.
+CREATE FUNCTION period_counters_insert_rows() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    s smallint := coalesce(nullif(current_setting('overage.slot', true), '')::smallint, 0);
+BEGIN
+    INSERT INTO period_counters AS c (tenant_id, period_start, meter, billing_status, slot, overage_tokens)
+    SELECT n.tenant_id, n.period_start, m.meter, n.billing_status, s, sum(m.o)::bigint
+    FROM new_usage_logs n CROSS JOIN LATERAL (
+        SELECT 'input'::text AS meter, n.overage_input_tokens AS o
+        UNION ALL SELECT 'output', n.overage_output_tokens
+        UNION ALL SELECT x.k, x.o FROM unnest(n.meter_keys, n.meter_overage) AS x (k, o)
+    ) AS m
+    GROUP BY n.tenant_id, n.period_start, m.meter, n.billing_status
+    HAVING sum(m.o) <> 0
+    ORDER BY n.tenant_id, n.period_start, m.meter COLLATE "C", n.billing_status COLLATE "C"
+    ON CONFLICT (tenant_id, period_start, meter, billing_status, slot) DO UPDATE SET
+        overage_tokens = c.overage_tokens + EXCLUDED.overage_tokens;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION period_counters_update_rows() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    s smallint := coalesce(nullif(current_setting('overage.slot', true), '')::smallint, 0);
+BEGIN
+    INSERT INTO period_counters AS c (tenant_id, period_start, meter, billing_status, slot, overage_tokens)
+    SELECT d.tenant_id, d.period_start, d.meter, d.billing_status, s, sum(d.o)::bigint
+    FROM (
+        SELECT o.tenant_id, o.period_start, m.meter, o.billing_status, -m.o AS o
+        FROM old_usage_logs o CROSS JOIN LATERAL (
+            SELECT 'input'::text AS meter, o.overage_input_tokens AS o
+            UNION ALL SELECT 'output', o.overage_output_tokens
+            UNION ALL SELECT x.k, x.o FROM unnest(o.meter_keys, o.meter_overage) AS x (k, o)
+        ) AS m
+        UNION ALL
+        SELECT n.tenant_id, n.period_start, m.meter, n.billing_status, m.o
+        FROM new_usage_logs n CROSS JOIN LATERAL (
+            SELECT 'input'::text AS meter, n.overage_input_tokens AS o
+            UNION ALL SELECT 'output', n.overage_output_tokens
+            UNION ALL SELECT x.k, x.o FROM unnest(n.meter_keys, n.meter_overage) AS x (k, o)
+        ) AS m
+    ) AS d
+    GROUP BY d.tenant_id, d.period_start, d.meter, d.billing_status
+    HAVING sum(d.o) <> 0
+    ORDER BY d.tenant_id, d.period_start, d.meter COLLATE "C", d.billing_status COLLATE "C"
+    ON CONFLICT (tenant_id, period_start, meter, billing_status, slot) DO UPDATE SET
+        overage_tokens = c.overage_tokens + EXCLUDED.overage_tokens;
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION period_counters_delete_rows() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    s smallint := coalesce(nullif(current_setting('overage.slot', true), '')::smallint, 0);
+BEGIN
+    INSERT INTO period_counters AS c (tenant_id, period_start, meter, billing_status, slot, overage_tokens)
+    SELECT o.tenant_id, o.period_start, m.meter, o.billing_status, s, -sum(m.o)::bigint
+    FROM old_usage_logs o CROSS JOIN LATERAL (
+        SELECT 'input'::text AS meter, o.overage_input_tokens AS o
+        UNION ALL SELECT 'output', o.overage_output_tokens
+        UNION ALL SELECT x.k, x.o FROM unnest(o.meter_keys, o.meter_overage) AS x (k, o)
+    ) AS m
+    GROUP BY o.tenant_id, o.period_start, m.meter, o.billing_status
+    HAVING sum(m.o) <> 0
+    ORDER BY o.tenant_id, o.period_start, m.meter COLLATE "C", o.billing_status COLLATE "C"
+    ON CONFLICT (tenant_id, period_start, meter, billing_status, slot) DO UPDATE SET
+        overage_tokens = c.overage_tokens + EXCLUDED.overage_tokens;
+    RETURN NULL;
+END
+$$;
 
 CREATE FUNCTION period_counters_truncate() RETURNS trigger
 LANGUAGE plpgsql AS $$

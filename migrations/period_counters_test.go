@@ -30,7 +30,7 @@ const linesMismatchSQL = `
 	WHERE w.n IS DISTINCT FROM h.n`
 
 // The period_counters triggers sum a statement's logs per group of meter
-// keys and expand only the groups (0032): every shape of lines must count
+// keys and expand only the groups (0043): every shape of lines must count
 // as one line at a time would — the defaults only, keys shared and not,
 // in another order, more lines than kinds of token (a correction's), arrays
 // that do not start at 1, lines that cancel — through inserts, updates of

@@ -21,11 +21,9 @@
 -- totals, upserted in the same order and slot, for about 0.9 ms and 0.6 ms
 -- (docs/benchmarks.md, "Meters").
 --
--- The functions are defined here, before 0041 creates the table and the
--- triggers that call them (a PL/pgSQL body is resolved when it first runs):
--- on a database that applied 0041 with its earlier bodies, this replaces
--- them in place. CREATE OR REPLACE FUNCTION takes no lock on usage_logs;
--- a statement already running keeps the body it started with.
+-- CREATE OR REPLACE FUNCTION replaces 0041's bodies in place: it takes no
+-- lock on usage_logs, and a statement already running keeps the body it
+-- started with, so this is safe while serve and work write.
 
 CREATE OR REPLACE FUNCTION period_counters_insert_rows() RETURNS trigger
 LANGUAGE plpgsql AS $$
