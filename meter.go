@@ -256,30 +256,36 @@ type MeterTokens struct {
 func (r Routing) Lines(amounts [NumTokenTypes]int64) []MeterTokens {
 	// Room for every line at once: growing from the two defaults took
 	// three allocations an event of three meters.
-	out := make([]MeterTokens, 2, 2+NumTokenTypes)
-	out[0].Meter, out[1].Meter = MeterInput, MeterOutput
+	return r.AppendLines(make([]MeterTokens, 0, 2+NumTokenTypes), amounts)
+}
+
+// AppendLines is Lines appended to dst, for a caller that reuses one
+// buffer for many events.
+func (r Routing) AppendLines(dst []MeterTokens, amounts [NumTokenTypes]int64) []MeterTokens {
+	base := len(dst)
+	dst = append(dst, MeterTokens{Meter: MeterInput}, MeterTokens{Meter: MeterOutput})
 	for i, m := range r {
 		switch m {
 		case MeterInput:
-			out[0].Tokens += amounts[i]
+			dst[base].Tokens += amounts[i]
 			continue
 		case MeterOutput:
-			out[1].Tokens += amounts[i]
+			dst[base+1].Tokens += amounts[i]
 			continue
 		}
 		found := false
-		for j := range out {
-			if out[j].Meter == m {
-				out[j].Tokens += amounts[i]
+		for j := base + 2; j < len(dst); j++ {
+			if dst[j].Meter == m {
+				dst[j].Tokens += amounts[i]
 				found = true
 				break
 			}
 		}
 		if !found {
-			out = append(out, MeterTokens{Meter: m, Tokens: amounts[i]})
+			dst = append(dst, MeterTokens{Meter: m, Tokens: amounts[i]})
 		}
 	}
-	return out
+	return dst
 }
 
 // Split is the overage rule: of tokens added to a meter's period total

@@ -216,6 +216,15 @@ func TestRoutingLines(t *testing.T) {
 	if want := "[{input 0} {output 30} {gpt_in 60} {gpt_read 40}]"; got != want {
 		t.Errorf("Lines = %s, want %s", got, want)
 	}
+	// Appended to a buffer holding another event's lines, the same lines
+	// after them, that event's left as they were.
+	buf := r.Lines(amounts)
+	if got := fmt.Sprint(r.AppendLines(buf, amounts)); got != "[{input 0} {output 30} {gpt_in 60} {gpt_read 40} {input 0} {output 30} {gpt_in 60} {gpt_read 40}]" {
+		t.Errorf("AppendLines = %s", got)
+	}
+	if got := fmt.Sprint(c.Route("claude").AppendLines(buf[:1], amounts)); got != "[{input 0} {input 100} {output 30}]" {
+		t.Errorf("AppendLines after one line = %s", got)
+	}
 }
 
 func ptr(n int64) *int64 { return &n }

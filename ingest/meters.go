@@ -67,7 +67,8 @@ const extraTotalsSQL = `
 // adds the tokens to those totals. Lines of the default meters come
 // first (always both); other meters only when they got tokens.
 func (st *state) linesOf(model string, amounts [overage.NumTokenTypes]int64, p time.Time) ([]overage.MeterLine, error) {
-	mts := st.route(model).Lines(amounts)
+	mts := st.route(model).AppendLines(st.meterTokens[:0], amounts)
+	st.meterTokens = mts
 	lines := st.newLines(len(mts))
 	tot := st.totals[p]
 	var extra map[string]int64 // the period's totals of the other meters

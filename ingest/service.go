@@ -425,7 +425,8 @@ type state struct {
 	catalog        *overage.Catalog
 	catalogVersion int64
 	routes         map[string]overage.Routing
-	lineBlock      []overage.MeterLine // see newLines
+	lineBlock      []overage.MeterLine   // see newLines
+	meterTokens    []overage.MeterTokens // linesOf's buffer, reused event after event
 	// closed holds the periods closed when the transaction read them
 	// (usagelog.PeriodClosedSQL): their new logs answer "reported".
 	closed map[time.Time]bool
