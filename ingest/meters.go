@@ -56,12 +56,12 @@ const extraTotalsSQL = `
 	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start
 	GROUP BY 1, 2`
 
-// linesOf computes the meter lines of an event of model with amounts, each
-// line's overage split against its meter's running total in period p, and
-// adds the tokens to those totals. Lines of the default meters come
-// first (always both); other meters only when they got tokens.
-func (st *state) linesOf(model string, amounts [overage.NumTokenTypes]int64, p time.Time) ([]overage.MeterLine, error) {
-	mts := st.route(model).Lines(amounts)
+// split computes the meter lines of tokens mts added in period p (an
+// event's routed amounts, or a delta log's changes), each line's overage
+// split with overage.Split against its meter's running total, and adds the
+// tokens to those totals. Lines of the default meters come first (always
+// both); other meters only when they got tokens.
+func (st *state) split(p time.Time, mts []overage.MeterTokens) ([]overage.MeterLine, error) {
 	lines := make([]overage.MeterLine, 0, len(mts))
 	tot := st.totals[p]
 	for i, mt := range mts {

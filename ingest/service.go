@@ -34,22 +34,6 @@ import (
 // advertised in the README and api/openapi.yaml.
 const KeyTTL = idempotency.TTL
 
-// lockTimeout bounds how long one ingest transaction — and so the claim on
-// its Idempotency-Key — may live.
-const lockTimeout = 10 * time.Second
-
-// beginSQL sets the transaction's settings (txSettingsSQL), names its slot
-// for the counter triggers (see slots.go), and tries each member's key
-// lock, in the members' order: one statement. For single events (one, or a
-// group) it also makes the transaction's prepared statements use their
-// generic plan: they take arrays, for which PostgreSQL would otherwise plan
-// every execution anew (docs/ingest.md has the measurements). A batch keeps
-// plans made for its arrays.
-var beginSQL = `SELECT ` + txSettingsSQL + `,
-	set_config('plan_cache_mode', $3::text, true),
-	set_config('overage.slot', $1::int::text, true),
-	(SELECT array_agg(pg_try_advisory_xact_lock(l.k) ORDER BY l.o) FROM unnest($2::bigint[]) WITH ORDINALITY AS l (k, o))`
-
 // retryAfterInProgress is the Retry-After of a 409 in progress: an ingest
 // transaction takes milliseconds, so one second is ample.
 const retryAfterInProgress = time.Second
@@ -263,15 +247,16 @@ func withRetries[T any](attempt func() (T, error)) (T, error) {
 	return zero, dbError(err)
 }
 
-// executeOnce is one ingest transaction, in three round trips (four while
-// an allowance is not yet used up): BEGIN and the reads (key locks, stored
-// records, earlier logs of the request_ids, allowance and period totals) in
-// one pipeline; only while some allowance is left, the period lock and a
-// re-read of its total; the report jobs (River, one statement); the writes
-// (totals, usage logs, stored responses) and COMMIT in one pipeline. Each
-// member is answered as if it ran alone: a replay, a 409, or its events
-// recorded (or found recorded) in arrival order through the same running
-// totals, with its answer stored under its key in this transaction.
+// executeOnce is one ingest transaction (txn.go), in three round trips
+// (four while an allowance is not yet used up): BEGIN, the claim and the
+// reads (stored records, earlier logs of the request_ids, allowance and
+// period totals) in one pipeline; only while some allowance is left, the
+// period lock and a re-read of its total; the report jobs (River, one
+// statement); the writes (totals, usage logs, stored responses) and COMMIT
+// in one pipeline. Each member is answered as if it ran alone: a replay, a
+// 409, or its events recorded (or found recorded) in arrival order through
+// the same running totals, with its answer stored under its key in this
+// transaction.
 func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	// The keys stay "in progress" exactly as long as this transaction: bound
 	// it here, and in the server too should this process stall.
@@ -297,47 +282,83 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if st.catalogVersion > cat.Version {
-		// The catalog changed since it was cached: route with the one this
-		// transaction sees, read through it (not another connection: a
-		// full pool would wait on itself).
-		if st.catalog, err = s.meters.Current(ctx, tx, st.catalogVersion); err != nil {
-			return nil, err
-		}
-	}
-	recorded, err := readRecordedLogs(ctx, tx, st.recs)
-	if err != nil {
+	if err := s.catchUpCatalog(ctx, tx, st, cat); err != nil {
 		return nil, err
 	}
-	if err := s.presentAll(ctx, tx, st.catalog, recorded, st.earlier); err != nil {
+	if err := s.readRecorded(ctx, tx, st.claim, st.catalog, st.earlier); err != nil {
 		return nil, err
 	}
-	answers := make([]answer, len(g.members))
-	var active []int // the members this transaction records
-	for i, m := range g.members {
-		rec, found := st.recs[m.key]
-		switch {
-		case found && !rec.expired:
-			answers[i].out, answers[i].err = rec.replay(m.fingerprint, recorded)
-		case !st.locked[i]:
-			answers[i].err = errInProgress()
-		default:
-			if found { // expired: the key starts a new request
-				st.expired = append(st.expired, expiredKey{m.key, rec.expiresAt})
-			}
-			active = append(active, i)
-		}
-	}
+	answers, active := st.answerMembers(g)
 	if len(active) == 0 {
 		return answers, nil
 	}
+	results, fresh, dupOf := st.planEvents(g, active)
+	w := &writes{}
+	if len(fresh) > 0 {
+		if err := st.order(ctx, tx, g, fresh); err != nil {
+			return nil, err
+		}
+		if w, err = st.newLogs(g, fresh, results); err != nil {
+			return nil, err
+		}
+		if err := s.queueJobs(ctx, tx, g.tenantID, st, w); err != nil {
+			return nil, err
+		}
+	}
+	for i, j := range dupOf {
+		results[i] = result{log: results[j].log, duplicate: true}
+	}
+	stored, err := renderMembers(g, active, results, answers)
+	if err != nil {
+		return nil, err
+	}
+	if s.beforeWrites != nil {
+		if err := s.beforeWrites(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := commit(ctx, tx, g.tenantID, st, st.claim, w, stored); err != nil {
+		return nil, err
+	}
+	return answers, nil
+}
 
-	results := make([]result, len(g.events))
-	var fresh []int // indexes of the events to record
-	// A request_id recorded by an earlier member of this group: a later
-	// member's event is its duplicate, as in a transaction of its own.
+// catchUpCatalog makes st route with the catalog the transaction sees when
+// it changed since cat was cached, read through tx (not another
+// connection: a full pool would wait on itself).
+func (s *Service) catchUpCatalog(ctx context.Context, tx *pipeTx, st *state, cat *overage.Catalog) error {
+	if st.catalogVersion <= cat.Version {
+		return nil
+	}
+	var err error
+	st.catalog, err = s.meters.Current(ctx, tx, st.catalogVersion)
+	return err
+}
+
+// answerMembers is step 2 for every member: the answers of those replayed
+// or refused, and the indexes of the members this transaction records.
+func (st *state) answerMembers(g *group) ([]answer, []int) {
+	answers := make([]answer, len(g.members))
+	var active []int
+	for i, m := range g.members {
+		var goes bool
+		answers[i].out, answers[i].err, goes = st.claim.answer(i, m.key, m.fingerprint)
+		if goes {
+			active = append(active, i)
+		}
+	}
+	return answers, active
+}
+
+// planEvents sorts the active members' events: those whose request_id
+// the tenant recorded earlier (their results set, duplicates), those
+// whose request_id an earlier member of this group carries (dupOf: a
+// later member's event is its duplicate, as in a transaction of its own),
+// and the fresh ones to record, in arrival order.
+func (st *state) planEvents(g *group, active []int) (results []result, fresh []int, dupOf map[int]int) {
+	results = make([]result, len(g.events))
 	recordedHere := map[string]int{}
-	dupOf := map[int]int{}
+	dupOf = map[int]int{}
 	for _, mi := range active {
 		m := g.members[mi]
 		for i := m.first; i < m.first+len(m.events); i++ {
@@ -356,50 +377,39 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 			fresh = append(fresh, i)
 		}
 	}
-	w := &writes{}
-	if len(fresh) > 0 {
-		if err := st.order(ctx, tx, g, fresh); err != nil {
-			return nil, err
-		}
-		if w, err = st.newLogs(g, fresh, results); err != nil {
-			return nil, err
-		}
-		// Before the writes, so the counter rows the usage log insert
-		// updates stay locked only for the last pipeline and the commit.
-		if err := s.outbox.InsertReportsTx(ctx, tx, g.tenantID, w.reportIDs); err != nil {
-			return nil, err
-		}
-		if err := s.alerts.Record(ctx, tx, g.tenantID, w.meterUsage(st)...); err != nil {
-			return nil, err
-		}
-	}
-	for i, j := range dupOf {
-		results[i] = result{log: results[j].log, duplicate: true}
-	}
-	for _, mi := range active {
+	return results, fresh, dupOf
+}
+
+// renderMembers renders each active member's answer from its results and
+// returns the answers to store.
+func renderMembers(g *group, active []int, results []result, answers []answer) ([]storedAnswer, error) {
+	stored := make([]storedAnswer, len(active))
+	for k, mi := range active {
 		m := g.members[mi]
 		out, err := m.render(results[m.first : m.first+len(m.events)])
 		if err != nil {
 			return nil, err
 		}
 		answers[mi].out = out
+		stored[k] = storedAnswer{key: m.key, fingerprint: m.fingerprint, out: out}
 	}
-	if s.beforeWrites != nil {
-		if err := s.beforeWrites(ctx); err != nil {
-			return nil, err
-		}
+	return stored, nil
+}
+
+// queueJobs is step 4: the report job of w's billable logs and the
+// threshold events they cross. Before the writes, so the counter rows the
+// usage log insert updates stay locked only for the last pipeline and the
+// commit.
+func (s *Service) queueJobs(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, st *state, w *writes) error {
+	if err := s.outbox.InsertReportsTx(ctx, tx, tenantID, w.reportIDs); err != nil {
+		return err
 	}
-	if err := w.exec(ctx, tx, g, st, active, answers); err != nil {
-		return nil, err
-	}
-	return answers, nil
+	return s.alerts.Record(ctx, tx, tenantID, w.meterUsage(st)...)
 }
 
 // state is what an ingest transaction read before deciding.
 type state struct {
-	locked  []bool                       // per member: its key's lock was taken
-	recs    map[string]storedResponse    // the members' stored records, by key
-	expired []expiredKey                 // expired records to replace
+	claim   *claim                       // the members' keys (txn.go)
 	earlier map[string]*overage.UsageLog // by request_id
 	// The tenant's allowance, the transaction's now() (created_at of its
 	// logs), each event's allowance period, and each period's total.
@@ -426,43 +436,21 @@ type state struct {
 	closed map[time.Time]bool
 }
 
-// closedStartSQL: the period d.start of the tenant $1 is closed, $3 being
-// PERIOD_CLOSE_GRACE in seconds (usagelog.PeriodClosedSQL).
-var closedStartSQL = usagelog.PeriodClosedSQL("$1", "d.start", "$3")
+// newState is the state of a transaction holding slot, routing with cat.
+func newState(slot int16, cat *overage.Catalog) *state {
+	return &state{slot: slot, earlier: map[string]*overage.UsageLog{}, totals: map[time.Time]*overage.Overage{},
+		ordered: map[time.Time]bool{}, extra: extraTotals{}, catalog: cat, closed: map[time.Time]bool{}}
+}
 
-var periodsSQL = `
-	WITH ev AS (
-		SELECT e.ts, e.ord FROM unnest($2::timestamptz[]) WITH ORDINALITY AS e (ts, ord)
-	), p AS (
-		SELECT ev.ord, coalesce((
-			SELECT s.current_period_start FROM tenant_subscriptions s
-			WHERE s.tenant_id = $1 AND s.current_period_start <= ev.ts AND ev.ts < s.current_period_end
-			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', ev.ts, 'UTC')) AS start
-		FROM ev
-	), tot AS (
-		SELECT d.start, coalesce(sum(a.input_tokens), 0)::bigint AS i, coalesce(sum(a.output_tokens), 0)::bigint AS o,
-			` + closedStartSQL + ` AS closed
-		FROM (SELECT DISTINCT start FROM p) d
-		LEFT JOIN allowance_usage a ON a.tenant_id = $1 AND a.period_start = d.start
-		GROUP BY d.start
-	)
-	SELECT p.start, tot.i, tot.o, t.included_input_tokens, t.included_output_tokens, now(),
-		CASE WHEN p.ord = 1 THEN t.included_meters END, CASE WHEN p.ord = 1 THEN (SELECT version FROM meter_catalog) END,
-		tot.closed
-	FROM p JOIN tot ON tot.start = p.start CROSS JOIN tenants t
-	WHERE t.id = $1
-	ORDER BY p.ord`
-
-// readState takes the members' key locks and reads, in one round trip and
-// in snapshots taken after the locks: the stored records, the logs already
-// recorded under the request_ids, the allowance and the period totals.
-// The period of a usage timestamp is the tenant's Stripe subscription
-// period covering it when the webhooks told us one (tenant_subscriptions),
-// else its calendar month in UTC.
+// readState is steps 1 and 3's reads for new events: it claims the
+// members' keys and reads, in one round trip and in snapshots taken after
+// the locks, the stored records, the logs already recorded under the
+// request_ids, the allowance and the period totals. The period of a usage
+// timestamp is the tenant's Stripe subscription period covering it when
+// the webhooks told us one (tenant_subscriptions), else its calendar month
+// in UTC.
 func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overage.Catalog, grace time.Duration) (*state, error) {
-	st := &state{slot: slot, recs: map[string]storedResponse{}, earlier: map[string]*overage.UsageLog{},
-		totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}, extra: extraTotals{}, catalog: cat,
-		closed: map[time.Time]bool{}}
+	st := newState(slot, cat)
 	var rids pgArray[pgString]
 	ts := make(pgArray[pgTimestamptz], len(g.events))
 	for i, ev := range g.events {
@@ -471,13 +459,12 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 		}
 		ts[i] = pgTimestamptz(ev.Timestamp)
 	}
-	keys, locks := make([]string, len(g.members)), make([]int64, len(g.members))
+	keys := make([]string, len(g.members))
 	for i, m := range g.members {
-		keys[i], locks[i] = m.key, lockKey(g.tenantID, m.key)
+		keys[i] = m.key
 	}
 	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
-	planMode := "auto"
+	planMode := ""
 	if len(g.events) == 1 || len(g.members) > 1 {
 		// A group of single events (about 12 at 32 clients) too: PostgreSQL's
 		// CPU an event 119 and 152 µs with generic plans, 124 and 158 µs with
@@ -485,8 +472,7 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 		// CPU of the backends read from /proc over 8 s).
 		planMode = "force_generic_plan"
 	}
-	b.Queue(beginSQL, slot, locks, planMode)
-	b.Queue(idempotency.LookupSQL, pgUUID(g.tenantID), keys)
+	queueClaim(b, g.tenantID, keys, slot, planMode)
 	if len(rids) > 0 {
 		b.Queue(logsByRequestIDSQL, pgUUID(g.tenantID), rids)
 	}
@@ -497,55 +483,57 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 	}
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("begin ingest transaction: %w", err)
-	}
-	settings := make([]any, txSettingsColumns+2, txSettingsColumns+3)
-	if err := br.QueryRow().Scan(append(settings, &st.locked)...); err != nil {
-		return nil, fmt.Errorf("take idempotency locks: %w", err)
-	}
-	if len(st.locked) != len(g.members) {
-		return nil, fmt.Errorf("take idempotency locks: %d answers for %d keys", len(st.locked), len(g.members))
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("read idempotency records: %w", err)
-	}
-	for rows.Next() {
-		var key string
-		var rec storedResponse
-		if err := rows.Scan(&key, &rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expiresAt, &rec.expired); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read idempotency records: %w", err)
-		}
-		st.recs[key] = rec
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read idempotency records: %w", err)
+	var err error
+	if st.claim, err = scanClaim(br, len(g.members)); err != nil {
+		return nil, err
 	}
 	if len(rids) > 0 {
-		rows, err := br.Query()
-		if err != nil {
-			return nil, fmt.Errorf("read usage logs by request_id: %w", err)
-		}
-		for rows.Next() {
-			l, err := scanLog(rows)
-			if err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("read usage logs by request_id: %w", err)
-			}
-			st.earlier[*l.RequestID] = l
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("read usage logs by request_id: %w", err)
+		if err := st.scanEarlier(br.Query()); err != nil {
+			return nil, err
 		}
 	}
-	rows, err = br.Query()
+	st.periods = make([]time.Time, 0, len(g.events))
+	if err := st.scanPeriods(br.Query()); err != nil {
+		return nil, err
+	}
+	if len(st.periods) != len(g.events) {
+		return nil, fmt.Errorf("read allowance periods: %d periods for %d events", len(st.periods), len(g.events))
+	}
+	if st.extraRead {
+		if err := st.scanExtraTotals(br.Query()); err != nil {
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// scanEarlier reads the rows of logsByRequestIDSQL into st.earlier.
+func (st *state) scanEarlier(rows pgx.Rows, err error) error {
 	if err != nil {
-		return nil, fmt.Errorf("read allowance periods: %w", err)
+		return fmt.Errorf("read usage logs by request_id: %w", err)
 	}
+	defer rows.Close()
+	for rows.Next() {
+		l, err := scanLog(rows)
+		if err != nil {
+			return fmt.Errorf("read usage logs by request_id: %w", err)
+		}
+		st.earlier[*l.RequestID] = l
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read usage logs by request_id: %w", err)
+	}
+	return nil
+}
+
+// scanPeriods reads the rows of periodsSQL: each event's period, each
+// period's total and whether it is closed, the tenant's allowances, the
+// catalog version and now().
+func (st *state) scanPeriods(rows pgx.Rows, err error) error {
+	if err != nil {
+		return fmt.Errorf("read allowance periods: %w", err)
+	}
+	defer rows.Close()
 	// One row an event, but as many totals as periods: scanned into the
 	// same variables, copied once a period.
 	var start time.Time
@@ -553,12 +541,10 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 	var version *int64
 	var included map[string]int64
 	var closed bool
-	st.periods = make([]time.Time, 0, len(g.events))
 	for rows.Next() {
 		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
 			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now, &included, &version, &closed); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read allowance periods: %w", err)
+			return fmt.Errorf("read allowance periods: %w", err)
 		}
 		start, st.now = start.UTC(), st.now.UTC()
 		if version != nil {
@@ -573,19 +559,10 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 			st.totals[start] = &t
 		}
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read allowance periods: %w", err)
+		return fmt.Errorf("read allowance periods: %w", err)
 	}
-	if len(st.periods) != len(g.events) {
-		return nil, fmt.Errorf("read allowance periods: %d periods for %d events", len(st.periods), len(g.events))
-	}
-	if st.extraRead {
-		if err := st.scanExtraTotals(br.Query()); err != nil {
-			return nil, err
-		}
-	}
-	return st, nil
+	return nil
 }
 
 // scanExtraTotals reads the rows of extraTotalsSQL (or the re-read after
@@ -620,27 +597,7 @@ func (st *state) scanExtraTotals(rows pgx.Rows, err error) error {
 // the lock only ran because the total it saw — which this read sees too —
 // was already at the allowance.
 func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) error {
-	// The meters other than the defaults that the new events feed, per
-	// period: their allowances count too.
-	var fed map[time.Time]map[string]bool
-	if st.catalog.Extra() {
-		fed = map[time.Time]map[string]bool{}
-		for _, i := range fresh {
-			ev := g.events[i]
-			r := st.route(ev.ModelID)
-			amounts := overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)
-			for t, m := range r {
-				if amounts[t] == 0 || overage.IsDefaultMeter(m) {
-					continue
-				}
-				p := st.periods[i]
-				if fed[p] == nil {
-					fed[p] = map[string]bool{}
-				}
-				fed[p][m] = true
-			}
-		}
-	}
+	fed := st.fedMeters(g, fresh)
 	var open []time.Time
 	for _, i := range fresh {
 		p := st.periods[i]
@@ -650,13 +607,69 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) er
 		st.ordered[p] = true
 		open = append(open, p)
 	}
-	if len(open) == 0 {
+	var extras []string
+	if st.catalog.Extra() {
+		extras = []string{} // every meter's
+	}
+	return st.lockPeriods(ctx, tx, g.tenantID, open, periodLocks{meters: extras})
+}
+
+// fedMeters are, per period, the meters other than the defaults that the
+// fresh events feed (nil when the catalog has none): their allowances
+// count too.
+func (st *state) fedMeters(g *group, fresh []int) map[time.Time]map[string]bool {
+	if !st.catalog.Extra() {
+		return nil
+	}
+	fed := map[time.Time]map[string]bool{}
+	for _, i := range fresh {
+		ev := g.events[i]
+		r := st.route(ev.ModelID)
+		amounts := overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)
+		for t, m := range r {
+			if amounts[t] == 0 || overage.IsDefaultMeter(m) {
+				continue
+			}
+			p := st.periods[i]
+			if fed[p] == nil {
+				fed[p] = map[string]bool{}
+			}
+			fed[p][m] = true
+		}
+	}
+	return fed
+}
+
+// periodLocks are the options of lockPeriods.
+type periodLocks struct {
+	// meters are the meters other than the defaults whose totals are read
+	// again (nil: none; empty: every meter's).
+	meters []string
+	// rows locks the periods' total rows too (FOR UPDATE), so the reads
+	// wait for every writer of them still in flight: what a delta log,
+	// whose tokens may lower a total, needs to be exact against unordered
+	// transactions.
+	rows bool
+	// tenant reads the tenant's allowances and now() after the locks.
+	tenant bool
+}
+
+// lockPeriods takes the periods' advisory locks, sorted (so two
+// transactions never wait for each other in a cycle), marks them ordered
+// (their writes go to slot 0) and reads their totals again in statements
+// that start after the locks are granted.
+func (st *state) lockPeriods(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, periods []time.Time, o periodLocks) error {
+	if len(periods) == 0 {
 		return nil
 	}
 	type lock struct{ a, b int32 }
-	locks := make([]lock, len(open))
-	for i, p := range open {
-		a, b := periodLockKey(g.tenantID, p)
+	locks := make([]lock, len(periods))
+	for i, p := range periods {
+		st.ordered[p] = true
+		if st.totals[p] == nil {
+			st.totals[p] = &overage.Overage{}
+		}
+		a, b := periodLockKey(tenantID, p)
 		locks[i] = lock{a, b}
 	}
 	slices.SortFunc(locks, func(x, y lock) int {
@@ -669,12 +682,9 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) er
 	for _, l := range locks {
 		b.Queue(`SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, l.a, l.b)
 	}
-	b.Queue(`SELECT period_start, sum(input_tokens)::bigint, sum(output_tokens)::bigint FROM allowance_usage
-		WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY period_start`, pgUUID(g.tenantID), open)
-	extras := st.catalog.Extra()
-	if extras {
-		b.Queue(`SELECT period_start, meter, sum(tokens)::bigint FROM meter_usage
-			WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY 1, 2`, pgUUID(g.tenantID), open)
+	queuePeriodTotals(b, tenantID, periods, o)
+	if o.tenant {
+		b.Queue(tenantAllowanceSQL, pgUUID(tenantID))
 	}
 	br := tx.SendBatch(ctx, b)
 	defer func() { _ = br.Close() }()
@@ -683,7 +693,30 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) er
 			return fmt.Errorf("lock allowance period: %w", err)
 		}
 	}
-	rows, err := br.Query()
+	if err := st.scanTotals(br.Query()); err != nil {
+		return err
+	}
+	if o.meters != nil {
+		for _, p := range periods {
+			delete(st.extra, p)
+		}
+		if err := st.scanExtraTotals(br.Query()); err != nil {
+			return err
+		}
+	}
+	if o.tenant {
+		var now time.Time
+		if err := br.QueryRow().Scan(&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.included, &now); err != nil {
+			return fmt.Errorf("read allowance: %w", err)
+		}
+		st.now = now.UTC()
+	}
+	return nil
+}
+
+// scanTotals reads the rows of the allowance totals' re-read into
+// st.totals.
+func (st *state) scanTotals(rows pgx.Rows, err error) error {
 	if err != nil {
 		return fmt.Errorf("read allowance totals: %w", err)
 	}
@@ -698,15 +731,6 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) er
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read allowance totals: %w", err)
-	}
-	rows.Close()
-	if extras {
-		for _, p := range open {
-			delete(st.extra, p)
-		}
-		if err := st.scanExtraTotals(br.Query()); err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -734,8 +758,19 @@ type writes struct {
 	deltaOrder []time.Time
 	deltas     map[time.Time]*overage.Overage
 	extra      []meterDelta
+	extraIndex map[meterDelta]int // in extra, by (period, meter)
 	// lines of the logs, in their order.
 	lines [][]overage.MeterLine
+	// streamRIDs are the logs' stream_request_id (nil: none has one).
+	streamRIDs []*string
+	// after, when set, queues the caller's own statements after the
+	// logs', before the stored answers (a checkpoint's stream advance).
+	after func(b *pgx.Batch)
+}
+
+func newWrites(n int) *writes {
+	return &writes{deltas: map[time.Time]*overage.Overage{}, extraIndex: map[meterDelta]int{},
+		logs: make([]*overage.UsageLog, 0, n), periods: make([]time.Time, 0, n), lines: make([][]overage.MeterLine, 0, n)}
 }
 
 // meterDelta is tokens added to one non-default meter's period total.
@@ -745,12 +780,50 @@ type meterDelta struct {
 	tokens int64
 }
 
+// add adds a log of period p with its split lines (state.split): its
+// report when billable, its tokens to the period's deltas.
+func (w *writes) add(l *overage.UsageLog, p time.Time, lines []overage.MeterLine) {
+	if l.BillingStatus == overage.BillingStatusPending {
+		w.reportIDs = append(w.reportIDs, l.ID)
+	}
+	w.logs = append(w.logs, l)
+	w.periods = append(w.periods, p)
+	w.lines = append(w.lines, lines)
+	d, ok := w.deltas[p]
+	if !ok {
+		d = &overage.Overage{}
+		w.deltas[p] = d
+		w.deltaOrder = append(w.deltaOrder, p)
+	}
+	d.InputTokens += lines[0].Tokens
+	d.OutputTokens += lines[1].Tokens
+	for _, ln := range lines[2:] {
+		key := meterDelta{period: p, meter: ln.Meter}
+		j, ok := w.extraIndex[key]
+		if !ok {
+			j = len(w.extra)
+			w.extraIndex[key] = j
+			w.extra = append(w.extra, key)
+		}
+		w.extra[j].tokens += ln.Tokens
+	}
+}
+
+// finish sets what the split lines decide of a log: its billing status,
+// its lines as its row holds them, presented with cat.
+func finish(l *overage.UsageLog, lines []overage.MeterLine, cat *overage.Catalog) {
+	l.BillingStatus = overage.BillingStatusNotBillable
+	if billable(lines) {
+		l.BillingStatus = overage.BillingStatusPending
+	}
+	l.Meters = rawLines(l, lines)
+	cat.Present(l)
+}
+
 // newLogs computes, in arrival order, each new event's overage from its
-// period's running total: the part of the event above the allowance,
-// max(0, after - allowance) - max(0, before - allowance) per dimension,
-// which splits an event that crosses the allowance exactly.
+// period's running total (state.split) and the log that records it.
 func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, error) {
-	w := &writes{deltas: map[time.Time]*overage.Overage{}}
+	w := newWrites(len(fresh))
 	// The random bits of every id in one read of crypto/rand rather than
 	// one each (half of this function's time), and one allocation for the
 	// logs of a batch, not one each.
@@ -760,10 +833,6 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 	}
 	randomIDs := bytes.NewReader(random)
 	logs := make([]overage.UsageLog, len(fresh))
-	w.logs = make([]*overage.UsageLog, 0, len(fresh))
-	w.periods = make([]time.Time, 0, len(fresh))
-	w.lines = make([][]overage.MeterLine, 0, len(fresh))
-	extra := map[meterDelta]int{} // index in w.extra, by (period, meter)
 	for k, i := range fresh {
 		ev := g.events[i]
 		p := st.periods[i]
@@ -771,7 +840,7 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		if err != nil {
 			return nil, fmt.Errorf("usage log id: %w", err)
 		}
-		lines, err := st.linesOf(ev.ModelID, overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts), p)
+		lines, err := st.split(p, st.route(ev.ModelID).Lines(overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)))
 		if err != nil {
 			return nil, err
 		}
@@ -780,7 +849,6 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 			ID: id, TenantID: g.tenantID, RequestID: ev.RequestID, Timestamp: ev.Timestamp,
 			UserID: ev.UserID, ModelID: ev.ModelID, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens,
 			TokenParts:      ev.Parts,
-			BillingStatus:   overage.BillingStatusNotBillable,
 			CreatedAt:       st.now,
 			Kind:            overage.KindUsage,
 			StripeTimestamp: usagelog.TimestampUsage,
@@ -788,34 +856,9 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		if st.closed[p] {
 			l.StripeTimestamp = usagelog.TimestampReported
 		}
-		if billable(lines) {
-			l.BillingStatus = overage.BillingStatusPending
-			w.reportIDs = append(w.reportIDs, id)
-		}
-		l.Meters = rawLines(l, lines)
-		st.catalog.Present(l)
+		finish(l, lines, st.catalog)
 		results[i] = result{log: l}
-		w.logs = append(w.logs, l)
-		w.periods = append(w.periods, p)
-		w.lines = append(w.lines, lines)
-		d, ok := w.deltas[p]
-		if !ok {
-			d = &overage.Overage{}
-			w.deltas[p] = d
-			w.deltaOrder = append(w.deltaOrder, p)
-		}
-		d.InputTokens += lines[0].Tokens
-		d.OutputTokens += lines[1].Tokens
-		for _, ln := range lines[2:] {
-			key := meterDelta{period: p, meter: ln.Meter}
-			j, ok := extra[key]
-			if !ok {
-				j = len(w.extra)
-				extra[key] = j
-				w.extra = append(w.extra, key)
-			}
-			w.extra[j].tokens += ln.Tokens
-		}
+		w.add(l, p, lines)
 	}
 	return w, nil
 }
@@ -840,108 +883,6 @@ func (w *writes) meterUsage(st *state) []alerts.Usage {
 	return out
 }
 
-// exec writes and commits, in one round trip: the expired records'
-// removal, the period totals (slot 0 of an ordered period, else the
-// transaction's slot), the usage logs (in request_id order, so two batches
-// sharing request_ids wait for each other instead of deadlocking), the
-// active members' stored responses, COMMIT.
-func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, active []int, answers []answer) error {
-	b := &pgx.Batch{}
-	for _, e := range st.expired {
-		b.Queue(idempotency.DeleteExpiredSQL, pgUUID(g.tenantID), e.key, e.expiresAt)
-	}
-	if len(w.logs) > 0 {
-		queueUsedUpGuard(b, g.tenantID, st, w.deltaOrder, w.extra)
-		n := len(w.deltaOrder)
-		starts, ordered := make([]time.Time, n), make([]bool, n)
-		ins, outs := make([]int64, n), make([]int64, n)
-		for i, p := range w.deltaOrder {
-			starts[i], ordered[i] = p, st.ordered[p]
-			ins[i], outs[i] = w.deltas[p].InputTokens, w.deltas[p].OutputTokens
-		}
-		b.Queue(`INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
-			SELECT $1, d.start, CASE WHEN d.ordered THEN 0 ELSE $6::smallint END, d.i, d.o
-			FROM unnest($2::timestamptz[], $3::bool[], $4::bigint[], $5::bigint[]) AS d (start, ordered, i, o)
-			ORDER BY 2, 3
-			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
-			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
-			    output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-			pgUUID(g.tenantID), starts, ordered, ins, outs, st.slot)
-		if len(w.extra) > 0 {
-			queueMeterTotals(b, g.tenantID, st, w.extra)
-		}
-
-		m := len(w.logs)
-		ids, rids := make(pgArray[pgtype.UUID], m), make(pgArray[pgtype.Text], m)
-		tss, periods := make(pgArray[pgTimestamptz], m), make(pgArray[pgTimestamptz], m)
-		users, models, statuses := make(pgArray[pgString], m), make(pgArray[pgString], m), make(pgArray[pgString], m)
-		in, out, oin, oout := make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m)
-		// The parts are rare: NULL arrays (one argument each) unless some
-		// event of the transaction reported one.
-		var reads, writes, reasons []*int64
-		var flat flatLines
-		// A log of a period closed now is reported at send time, whenever
-		// its report is formed (closed is for good): recorded as such.
-		closed := make(pgArray[pgTimestamptz], 0, len(st.closed))
-		for p := range st.closed {
-			closed = append(closed, pgTimestamptz(p))
-		}
-		for i, l := range w.logs {
-			flat.add(w.lines[i])
-			ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])
-			if l.RequestID != nil {
-				rids[i] = pgtype.Text{String: *l.RequestID, Valid: true}
-			}
-			users[i], models[i], statuses[i] = pgString(l.UserID), pgString(l.ModelID), pgString(l.BillingStatus)
-			in[i], out[i] = pgInt8(l.InputTokens), pgInt8(l.OutputTokens)
-			oin[i], oout[i] = pgInt8(w.lines[i][0].Overage), pgInt8(w.lines[i][1].Overage)
-			if l.TokenParts != (overage.TokenParts{}) && reads == nil {
-				reads, writes, reasons = make([]*int64, m), make([]*int64, m), make([]*int64, m)
-			}
-			if reads != nil {
-				reads[i], writes[i], reasons[i] = l.CacheRead, l.CacheWrite, l.Reasoning
-			}
-		}
-		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
-				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
-				meter_keys, meter_tokens, meter_overage, stripe_timestamp)
-			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13,
-				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n],
-				x.keys, x.tokens, x.over, CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
-			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[], $17::text[]) WITH ORDINALITY
-				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, mk, n)
-			LEFT JOIN LATERAL (
-				SELECT string_to_array(u.mk, ',') AS keys, ($18::bigint[])[lo:hi] AS tokens, ($19::bigint[])[lo:hi] AS over
-				FROM (SELECT ($20::int[])[u.n] + 1 AS lo, ($20::int[])[u.n] + ($21::int[])[u.n] AS hi) AS r
-				WHERE ($21::int[])[u.n] > 0) AS x ON true
-			ORDER BY u.rid COLLATE "C"`,
-			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons,
-			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count, closed)
-	}
-	n := len(active)
-	keys, fps, statuses, bodies, logIDs := make(pgArray[pgString], n), make([][]byte, n), make([]int32, n), make([][]byte, n), make(pgArray[pgtype.UUID], n)
-	for i, mi := range active {
-		m, out := g.members[mi], answers[mi].out
-		keys[i], fps[i], statuses[i], bodies[i], logIDs[i] = pgString(m.key), m.fingerprint, int32(out.Status), out.Body, nullID(out.UsageLogID)
-		if out.stored != nil {
-			bodies[i] = out.stored
-		}
-	}
-	b.Queue(idempotency.InsertSQL, pgUUID(g.tenantID), keys, fps, statuses, bodies, logIDs, KeyTTL.Seconds())
-	b.Queue(`COMMIT`)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "22012" /* division_by_zero: the guard */ {
-			return errAllowanceGivenBack
-		}
-		return fmt.Errorf("write usage logs and idempotency record, commit: %w", err)
-	}
-	tx.commitQueued()
-	return nil
-}
-
 // errTotalOverflow answers events that would take their period's total
 // past what a bigint holds: nothing is recorded.
 var errTotalOverflow = overage.Invalid([]overage.FieldError{
@@ -954,93 +895,6 @@ var errTotalOverflow = overage.Invalid([]overage.FieldError{
 // back whole; the next attempt reads the lower total and takes the ordered
 // path.
 var errAllowanceGivenBack = errors.New("a correction gave allowance back to the period meanwhile")
-
-// queueUsedUpGuard keeps the unordered path exact against corrections. An
-// unordered period was charged all its tokens because its committed total
-// had reached the allowance, relying on totals only growing — which a
-// correction (or a lowering final checkpoint) breaks: it lowers the total
-// under the period's exclusive lock. So before writing, the transaction
-// takes that lock shared (unordered transactions never wait for each
-// other) and checks, in a statement that starts after the lock is granted,
-// that the total is still at or above the allowance; if a correction
-// committed in between, the check divides by zero and the transaction
-// rolls back to be retried. A correction that comes later waits for this
-// transaction's commit and then counts its tokens.
-//
-// A tenant without allowance needs none of this: no total is ever below
-// zero.
-func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time, extra []meterDelta) {
-	// The other meters with an allowance this transaction charged in an
-	// unordered period.
-	var extraPeriods []time.Time
-	var extraKeys []string
-	var extraIncs []int64
-	for _, d := range extra {
-		if inc := st.included[d.meter]; inc > 0 && !st.ordered[d.period] {
-			extraPeriods, extraKeys, extraIncs = append(extraPeriods, d.period), append(extraKeys, d.meter), append(extraIncs, inc)
-		}
-	}
-	if st.allowance.InputTokens == 0 && st.allowance.OutputTokens == 0 && len(extraKeys) == 0 {
-		return
-	}
-	type lock struct{ a, b int32 }
-	var locks []lock
-	var unordered []time.Time
-	for _, p := range periods {
-		if st.ordered[p] {
-			continue
-		}
-		a, b := periodLockKey(tenantID, p)
-		locks = append(locks, lock{a, b})
-		unordered = append(unordered, p)
-	}
-	if len(unordered) == 0 {
-		return
-	}
-	slices.SortFunc(locks, func(x, y lock) int {
-		if c := cmp.Compare(x.a, y.a); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.b, y.b)
-	})
-	for _, l := range locks {
-		b.Queue(`SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)`, l.a, l.b)
-	}
-	b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
-			SELECT period_start FROM allowance_usage WHERE tenant_id = $1 AND period_start = ANY($2)
-			GROUP BY period_start HAVING sum(input_tokens) < $3 OR sum(output_tokens) < $4) AS given_back`,
-		pgUUID(tenantID), unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
-	if len(extraKeys) > 0 {
-		// The same for every other meter with an allowance: charged whole
-		// only because its total had reached it.
-		b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END
-			FROM unnest($2::timestamptz[], $3::text[], $4::bigint[]) AS a (start, meter, included)
-			WHERE (SELECT coalesce(sum(m.tokens), 0) FROM meter_usage m
-				WHERE m.tenant_id = $1 AND m.period_start = a.start AND m.meter = a.meter) < a.included`,
-			pgUUID(tenantID), extraPeriods, extraKeys, extraIncs)
-	}
-}
-
-// queueMeterTotals adds the tokens of the meters other than the defaults
-// to their period totals: an ordered period's slot 0, else the
-// transaction's slot, in (period, meter, slot) order, after
-// allowance_usage (every writer takes the two tables in that order).
-func queueMeterTotals(b *pgx.Batch, tenantID uuid.UUID, st *state, deltas []meterDelta) {
-	n := len(deltas)
-	starts, meters, slots, tokens := make([]time.Time, n), make([]string, n), make([]int16, n), make([]int64, n)
-	for i, d := range deltas {
-		starts[i], meters[i], tokens[i] = d.period, d.meter, d.tokens
-		if !st.ordered[d.period] {
-			slots[i] = st.slot
-		}
-	}
-	b.Queue(`INSERT INTO meter_usage AS a (tenant_id, period_start, meter, slot, tokens)
-		SELECT $1, d.start, d.meter, d.slot, d.tokens
-		FROM unnest($2::timestamptz[], $3::text[], $4::smallint[], $5::bigint[]) AS d (start, meter, slot, tokens)
-		ORDER BY d.start, d.meter COLLATE "C", d.slot
-		ON CONFLICT (tenant_id, period_start, meter, slot) DO UPDATE SET tokens = a.tokens + EXCLUDED.tokens`,
-		pgUUID(tenantID), starts, meters, slots, tokens)
-}
 
 // nullID is id as an SQL argument, NULL for uuid.Nil.
 func nullID(id uuid.UUID) pgtype.UUID {
