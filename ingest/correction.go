@@ -104,7 +104,7 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 	// The key's scope is the log's tenant, for an administrator too (a
 	// log's tenant never changes: read before the transaction).
 	var tenantID uuid.UUID
-	err := s.pool.QueryRow(ctx, `SELECT tenant_id FROM usage_logs WHERE id = $1`, p.UsageLogID).Scan(&tenantID)
+	err := s.pool.QueryRow(ctx, tenantOfLogSQL, p.UsageLogID).Scan(&tenantID)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && p.TenantID != nil && *p.TenantID != tenantID) {
 		return nil, overage.NotFound("usage log %s not found", p.UsageLogID)
 	}
@@ -120,7 +120,7 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 // transaction: the original's row lock (FOR UPDATE), the referee of two
 // corrections of one log, then the difference to record.
 func (s *Service) correction(ctx context.Context, tx *pipeTx, p CorrectParams) (*deltaEffect, error) {
-	orig, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1 FOR UPDATE`, p.UsageLogID))
+	orig, err := scanLog(tx.QueryRow(ctx, lockLogSQL, p.UsageLogID))
 	if err != nil {
 		return nil, fmt.Errorf("lock usage log: %w", err)
 	}
@@ -180,10 +180,7 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 	var period, nowPeriod, now time.Time
 	var closed bool
 	// Closed: usagelog.PeriodClosedSQL, the one rule.
-	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`,
-			`+usagelog.PeriodClosedSQL("$1", "u.period_start", "$3")+`,
-			now()
-		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID, grace.Seconds()).Scan(&period, &nowPeriod, &closed, &now); err != nil {
+	if err := tx.QueryRow(ctx, correctedPeriodSQL, orig.TenantID, orig.ID, grace.Seconds()).Scan(&period, &nowPeriod, &closed, &now); err != nil {
 		return nil, "", fmt.Errorf("read the period of %s: %w", orig.ID, err)
 	}
 	if closed && !mayCloseOld {
@@ -316,9 +313,6 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 	lines := meterDeltas(target, have)
 	return nonZeroExtras(lines)
 }
-
-// correctionsOfSQL reads the corrections of the log $1, oldest first.
-const correctionsOfSQL = `SELECT ` + logColumns + ` FROM usage_logs WHERE corrects = $1 ORDER BY id`
 
 // correctionsOf reads the corrections of the log id, oldest first.
 func (s *Service) correctionsOf(ctx context.Context, q querier, id uuid.UUID) ([]overage.UsageLog, error) {

@@ -41,21 +41,6 @@ func (t extraTotals) add(p time.Time, meter string, n int64) {
 	m[meter] += n
 }
 
-// extraTotalsSQL reads the totals of every non-default meter of the tenant
-// $1 in the periods of the usage timestamps $2 (the periods as periodsSQL
-// computes them). Queued only while the catalog has such meters.
-const extraTotalsSQL = `
-	WITH p AS (
-		SELECT DISTINCT coalesce((
-			SELECT s.current_period_start FROM tenant_subscriptions s
-			WHERE s.tenant_id = $1 AND s.current_period_start <= e.ts AND e.ts < s.current_period_end
-			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', e.ts, 'UTC')) AS start
-		FROM unnest($2::timestamptz[]) AS e (ts)
-	)
-	SELECT m.period_start, m.meter, sum(m.tokens)::bigint
-	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start
-	GROUP BY 1, 2`
-
 // split computes the meter lines of tokens mts added in period p (an
 // event's routed amounts, or a delta log's changes), each line's overage
 // split with overage.Split against its meter's running total, and adds the

@@ -1074,77 +1074,6 @@ func (r storedResponse) replay(fp []byte, recorded map[uuid.UUID]*overage.UsageL
 	return out, nil
 }
 
-// logsByRequestIDSQL reads the tenant's logs recorded under the
-// request_ids in $2: one index probe a request_id, as idempotency.LookupSQL.
-var logsByRequestIDSQL = `SELECT ` + logColumns + `
-	FROM unnest($2::text[]) AS r (rid)
-	CROSS JOIN LATERAL (
-		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND l.request_id = r.rid LIMIT 1) AS u`
-
-const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
-	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
-	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
-	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
-	corrects, correction_reason, meter_keys, meter_tokens, meter_overage, meter_leads, meter_accepted_at, corrected_by,
-	coalesce(stripe_timestamp, 'usage')`
-
-func scanLog(row pgx.Row) (*overage.UsageLog, error) {
-	l := &overage.UsageLog{}
-	var inAt, outAt *time.Time
-	var inLead, outLead *uuid.UUID
-	var keys []string
-	var tokens, over []int64
-	var leads []pgtype.UUID
-	var accepted []pgtype.Timestamptz
-	if err := row.Scan(&l.ID, &l.TenantID, &l.RequestID, &l.Timestamp, &l.UserID, &l.ModelID, &l.InputTokens, &l.OutputTokens,
-		&l.CacheRead, &l.CacheWrite, &l.Reasoning,
-		&l.Overage.InputTokens, &l.Overage.OutputTokens, &l.BillingStatus, &l.BilledAt, &l.CreatedAt,
-		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason,
-		&keys, &tokens, &over, &leads, &accepted, &l.CorrectedBy, &l.StripeTimestamp); err != nil {
-		return nil, err
-	}
-	lines, err := rowLines(l, inLead, outLead, inAt, outAt, keys, tokens, over, leads, accepted)
-	if err != nil {
-		return nil, err
-	}
-	l.Meters = lines
-	l.Kind = overage.KindUsage
-	if l.Corrects != nil {
-		l.Kind = overage.KindCorrection
-	}
-	l.Timestamp = l.Timestamp.UTC()
-	l.CreatedAt = l.CreatedAt.UTC()
-	l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{inLead, outLead}, [2]*time.Time{inAt, outAt})
-	return l, nil
-}
-
-// meterEvents names, per dimension with overage, the meter event that
-// carries it: the report led by leads[i] (nil until the log joins one), and
-// when Stripe accepted it.
-func meterEvents(o overage.Overage, leads [2]*uuid.UUID, accepted [2]*time.Time) []overage.StripeEvent {
-	n := 0
-	for _, d := range overage.Dimensions {
-		if o.Of(d) != 0 {
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	out := make([]overage.StripeEvent, 0, n)
-	for i, d := range overage.Dimensions {
-		if v := o.Of(d); v != 0 {
-			e := overage.StripeEvent{Dimension: d, Value: v, AcceptedAt: accepted[i]}
-			if leads[i] != nil {
-				key := overage.MeterEventKey(*leads[i], d)
-				e.Identifier = &key
-			}
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // Get returns a usage log the caller may see: the owning tenant's, or any
 // for an administrator (tenantID nil).
 func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*overage.UsageLog, error) {
@@ -1175,9 +1104,6 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	return l, nil
 }
 
-// getLogSQL reads the log $1.
-const getLogSQL = `SELECT ` + logColumns + ` FROM usage_logs WHERE id = $1`
-
 // readSettingsSQL opens the read-only transactions of GET requests: each
 // statement is planned for its arguments and the tables as they are (a
 // custom plan), never by a generic plan cached while the tables were
@@ -1202,8 +1128,7 @@ func (s *Service) stripeTimestampNow(ctx context.Context, q overage.DB, l *overa
 		return nil
 	}
 	var closed bool
-	if err := q.QueryRow(ctx, `SELECT u.stripe_timestamp IS NULL AND `+usagelog.PeriodClosedSQL("u.tenant_id", "u.period_start", "$2")+`
-		FROM usage_logs u WHERE u.id = $1`, l.ID, s.closeGrace().Seconds()).Scan(&closed); err != nil {
+	if err := q.QueryRow(ctx, closedSinceSQL, l.ID, s.closeGrace().Seconds()).Scan(&closed); err != nil {
 		return fmt.Errorf("read whether the period of %s is closed: %w", l.ID, err)
 	}
 	if closed {
@@ -1242,37 +1167,4 @@ func asRecorded(l *overage.UsageLog) *overage.UsageLog {
 	// Compact records are kept only of answers that said "usage".
 	then.StripeTimestamp = usagelog.TimestampUsage
 	return &then
-}
-
-// readRecordedLogs reads the logs of the live compact records among recs,
-// by id (none: no query).
-func readRecordedLogs(ctx context.Context, q overage.DB, recs map[string]storedResponse) (map[uuid.UUID]*overage.UsageLog, error) {
-	var ids pgArray[pgtype.UUID]
-	for _, r := range recs {
-		if logs, _, ok := r.compactLogs(); ok && !r.expired {
-			for _, id := range logs {
-				ids = append(ids, pgUUID(id))
-			}
-		}
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	rows, err := q.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = ANY($1)`, ids)
-	if err != nil {
-		return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
-	}
-	defer rows.Close()
-	out := make(map[uuid.UUID]*overage.UsageLog, len(ids))
-	for rows.Next() {
-		l, err := scanLog(rows)
-		if err != nil {
-			return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
-		}
-		out[l.ID] = l
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
-	}
-	return out, nil
 }

@@ -197,8 +197,7 @@ func answered(out *Outcome, err error) (*deltaEffect, error) {
 // plainDuplicate answers a checkpoint whose request_id a plain event
 // recorded: its duplicate, as a plain event would be (nil: none).
 func (s *Service) plainDuplicate(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, rid string) (*deltaEffect, error) {
-	l, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs
-		WHERE tenant_id = $1 AND request_id = $2 AND stream_request_id IS NULL`, tenantID, rid))
+	l, err := scanLog(tx.QueryRow(ctx, plainLogByRequestIDSQL, tenantID, rid))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -320,7 +319,7 @@ func (s *Service) streamIncrease(ctx context.Context, tx *pipeTx, p RecordParams
 // first log exists).
 func (s *Service) streamDecrease(ctx context.Context, tx *pipeTx, p RecordParams, firstLog uuid.UUID, down overage.Overage) (*deltaLog, error) {
 	rid := *p.Event.RequestID
-	orig, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1 FOR UPDATE`, firstLog))
+	orig, err := scanLog(tx.QueryRow(ctx, lockLogSQL, firstLog))
 	if err != nil {
 		return nil, fmt.Errorf("lock the stream's first usage log: %w", err)
 	}
@@ -371,12 +370,6 @@ type RequestUsage struct {
 type requestKey struct {
 	ID uuid.UUID `json:"i"`
 }
-
-// byRequestIDSQL is a page of the logs of tenant $1 under request_id $2
-// (a stream's, or the one recorded under it) after id $3, at most $4.
-const byRequestIDSQL = `SELECT ` + logColumns + ` FROM usage_logs
-		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) AND ($3::uuid IS NULL OR id > $3)
-		ORDER BY id LIMIT $4`
 
 // ByRequestID lists what the tenant recorded under a request_id: one page
 // of the logs, oldest first, and the stream's totals on every page.
@@ -469,7 +462,7 @@ func (h *Handler) listByRequestID(w http.ResponseWriter, r *http.Request) {
 // streamMeters sums, per meter, the tokens the stream's logs (its usage
 // logs and the corrections its final checkpoints made) put on it.
 func (s *Service) streamMeters(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, rid string) (map[string]int64, error) {
-	rows, err := tx.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND stream_request_id = $2`, tenantID, rid)
+	rows, err := tx.Query(ctx, streamLogsSQL, tenantID, rid)
 	if err != nil {
 		return nil, fmt.Errorf("read the stream's usage logs: %w", err)
 	}

@@ -43,6 +43,21 @@ var periodsSQL = `
 	WHERE t.id = $1
 	ORDER BY p.ord`
 
+// extraTotalsSQL reads the totals of every non-default meter of the tenant
+// $1 in the periods of the usage timestamps $2 (the periods as periodsSQL
+// computes them). Queued only while the catalog has such meters.
+const extraTotalsSQL = `
+	WITH p AS (
+		SELECT DISTINCT coalesce((
+			SELECT s.current_period_start FROM tenant_subscriptions s
+			WHERE s.tenant_id = $1 AND s.current_period_start <= e.ts AND e.ts < s.current_period_end
+			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', e.ts, 'UTC')) AS start
+		FROM unnest($2::timestamptz[]) AS e (ts)
+	)
+	SELECT m.period_start, m.meter, sum(m.tokens)::bigint
+	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start
+	GROUP BY 1, 2`
+
 // tenantAllowanceSQL reads the tenant's allowances and the transaction's
 // now(), for a transaction whose first pipeline did not (a delta log's).
 const tenantAllowanceSQL = `SELECT included_input_tokens, included_output_tokens, included_meters, now() FROM tenants WHERE id = $1`
