@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"cmp"
+	"errors"
 	"slices"
 	"time"
 
@@ -110,6 +111,12 @@ func queueAllowanceTotals(b *pgx.Batch, tenantID uuid.UUID, st *state, w *writes
 		    output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
 		pgUUID(tenantID), starts, ordered, ins, outs, st.slot)
 }
+
+// errAllowanceGivenBack: a correction gave allowance back to a period this
+// transaction charged without ordering (see queueUsedUpGuard). It rolled
+// back whole; the next attempt reads the lower total and takes the ordered
+// path.
+var errAllowanceGivenBack = errors.New("a correction gave allowance back to the period meanwhile")
 
 // queueUsedUpGuard keeps the unordered path exact against corrections. An
 // unordered period was charged all its tokens because its committed total

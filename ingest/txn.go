@@ -51,7 +51,7 @@ const lockTimeout = 10 * time.Second
 // beginSQL sets the transaction's settings (txSettingsSQL), names its slot
 // for the counter triggers (see slots.go), and tries each member's key
 // lock, in the members' order: one statement. $3 is the plan_cache_mode of
-// the transaction (” keeps the session's): single events (one, or a
+// the transaction (empty: the session's): single events (one, or a
 // group) make the transaction's prepared statements use their generic
 // plan: they take arrays, for which PostgreSQL would otherwise plan every
 // execution anew (docs/ingest.md has the measurements). A batch keeps
