@@ -264,16 +264,11 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read meter catalog: %w", err)
 	}
-	// Given back after the commit or rollback below, when its rows are
-	// unlocked (deferred calls run last in, first out).
-	slot := s.slots.take()
-	defer s.slots.give(slot)
-	tx, err := beginPipeTx(ctx, s.pool)
+	tx, slot, end, err := s.begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin ingest transaction: %w", err)
+		return nil, err
 	}
-	defer tx.release(context.WithoutCancel(ctx))
-
+	defer end()
 	st, err := readState(ctx, tx, g, slot, cat, s.closeGrace())
 	if err != nil {
 		return nil, err

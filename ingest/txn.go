@@ -73,6 +73,21 @@ type claim struct {
 	recorded map[uuid.UUID]*overage.UsageLog
 }
 
+// begin leases the transaction's slot and acquires its connection (its
+// BEGIN goes with the claim: queueClaim). end rolls back what was not
+// committed and gives both back, the slot once its rows are unlocked.
+func (s *Service) begin(ctx context.Context) (tx *pipeTx, slot int16, end func(), err error) {
+	slot = s.slots.take()
+	if tx, err = beginPipeTx(ctx, s.pool); err != nil {
+		s.slots.give(slot)
+		return nil, 0, nil, fmt.Errorf("begin ingest transaction: %w", err)
+	}
+	return tx, slot, func() {
+		tx.release(context.WithoutCancel(ctx))
+		s.slots.give(slot)
+	}, nil
+}
+
 // queueClaim queues BEGIN, the settings and the keys' locks and records:
 // the first statements of every ingest transaction.
 func queueClaim(b *pgx.Batch, tenantID uuid.UUID, keys []string, slot int16, planMode string) {
@@ -301,13 +316,11 @@ type deltaEffect struct {
 // usage log it corrects.
 func (s *Service) executeDelta(ctx context.Context, tenantID uuid.UUID, key string, fp []byte,
 	decide func(context.Context, *pipeTx) (*deltaEffect, error)) (*Outcome, error) {
-	slot := s.slots.take()
-	defer s.slots.give(slot)
-	tx, err := beginPipeTx(ctx, s.pool)
+	tx, slot, end, err := s.begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin ingest transaction: %w", err)
+		return nil, err
 	}
-	defer tx.release(context.WithoutCancel(ctx))
+	defer end()
 	c, out, err := s.claimOne(ctx, tx, tenantID, key, fp, slot)
 	if out != nil || err != nil {
 		return out, err
