@@ -76,7 +76,7 @@ func newWorldTB(t testing.TB, o worldOpts) *world {
 		})
 	}
 	w.river = rc
-	w.svc = app.NewIngest(pool, rc, &app.Config{ReportMaxAttempts: 5, ReportBatchDelay: time.Second, IngestCoalesce: ingest.DefaultGroupsInFlight})
+	w.svc = app.NewIngest(pool, rc, &app.IngestConfig{Report: app.ReportConfig{MaxAttempts: 5, BatchDelay: time.Second}, Coalesce: ingest.DefaultGroupsInFlight})
 	w.addTenant(t, o)
 	return w
 }

@@ -44,6 +44,7 @@ type state struct {
 	catalog        *overage.Catalog
 	catalogVersion int64
 	routes         map[string]overage.Routing
+	lineBlock      []overage.MeterLine // see newLines
 	// closed holds the periods closed when the transaction read them
 	// (usagelog.PeriodClosedSQL): their new logs answer "reported".
 	closed map[time.Time]bool
@@ -214,7 +215,7 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) er
 	var open []time.Time
 	for _, i := range fresh {
 		p := st.periods[i]
-		if st.ordered[p] || !st.needsOrder(p, fed[p]) {
+		if st.ordered[p] || !st.needsOrder(p, fed[p], fed == nil) {
 			continue
 		}
 		st.ordered[p] = true
@@ -225,32 +226,6 @@ func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) er
 		extras = []string{} // every meter's
 	}
 	return st.lockPeriods(ctx, tx, g.tenantID, open, periodLocks{meters: extras})
-}
-
-// fedMeters are, per period, the meters other than the defaults that the
-// fresh events feed (nil when the catalog has none): their allowances
-// count too.
-func (st *state) fedMeters(g *group, fresh []int) map[time.Time]map[string]bool {
-	if !st.catalog.Extra() {
-		return nil
-	}
-	fed := map[time.Time]map[string]bool{}
-	for _, i := range fresh {
-		ev := g.events[i]
-		r := st.route(ev.ModelID)
-		amounts := overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)
-		for t, m := range r {
-			if amounts[t] == 0 || overage.IsDefaultMeter(m) {
-				continue
-			}
-			p := st.periods[i]
-			if fed[p] == nil {
-				fed[p] = map[string]bool{}
-			}
-			fed[p][m] = true
-		}
-	}
-	return fed
 }
 
 // periodLocks are the options of lockPeriods.
@@ -423,14 +398,14 @@ func (w *writes) add(l *overage.UsageLog, p time.Time, lines []overage.MeterLine
 }
 
 // finish sets what the split lines decide of a log: its billing status,
-// its lines as its row holds them, presented with cat.
-func finish(l *overage.UsageLog, lines []overage.MeterLine, cat *overage.Catalog) {
+// its lines as its row holds them, presented with the catalog.
+func (st *state) finish(l *overage.UsageLog, lines []overage.MeterLine) {
 	l.BillingStatus = overage.BillingStatusNotBillable
 	if billable(lines) {
 		l.BillingStatus = overage.BillingStatusPending
 	}
-	l.Meters = rawLines(l, lines)
-	cat.Present(l)
+	l.Meters = rawLinesInto(st.newLines(len(lines)), l, lines)
+	st.catalog.Present(l)
 }
 
 // newLogs computes, in arrival order, each new event's overage from its
@@ -469,7 +444,7 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		if st.closed[p] {
 			l.StripeTimestamp = usagelog.TimestampReported
 		}
-		finish(l, lines, st.catalog)
+		st.finish(l, lines)
 		results[i] = result{log: l}
 		w.add(l, p, lines)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/usagelog"
 )
 
@@ -45,15 +46,21 @@ var periodsSQL = `
 	ORDER BY p.ord`
 
 // extraTotalsSQL reads the totals of every non-default meter of the tenant
-// $1 in the periods of the usage timestamps $2 (the periods as periodsSQL
-// computes them). Queued only while the catalog has such meters.
+// $1 in each period an event of the usage timestamps $2 may fall in: each
+// timestamp's calendar month and every subscription period overlapping
+// their span. That is every period periodsSQL computes for them, and
+// maybe more (a total of a period no event falls in is never used),
+// without periodsSQL's lookup of a subscription per event, which this read
+// repeated for every event of a batch under a per-model catalog. Queued
+// only while the catalog has such meters.
 const extraTotalsSQL = `
-	WITH p AS (
-		SELECT DISTINCT coalesce((
-			SELECT s.current_period_start FROM tenant_subscriptions s
-			WHERE s.tenant_id = $1 AND s.current_period_start <= e.ts AND e.ts < s.current_period_end
-			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', e.ts, 'UTC')) AS start
-		FROM unnest($2::timestamptz[]) AS e (ts)
+	WITH e AS (
+		SELECT min(ts) AS lo, max(ts) AS hi FROM unnest($2::timestamptz[]) AS e (ts)
+	), p AS (
+		SELECT date_trunc('month', e.ts, 'UTC') AS start FROM unnest($2::timestamptz[]) AS e (ts)
+		UNION
+		SELECT s.current_period_start FROM tenant_subscriptions s, e
+		WHERE s.tenant_id = $1 AND s.current_period_start <= e.hi AND e.lo < s.current_period_end
 	)
 	SELECT m.period_start, m.meter, sum(m.tokens)::bigint
 	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start
@@ -132,7 +139,13 @@ var errAllowanceGivenBack = errors.New("a correction gave allowance back to the 
 //
 // A tenant without allowance needs none of this: no total is ever below
 // zero.
-func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time, extra []meterDelta) {
+//
+// Only what the transaction charged counts: a default meter it gave no
+// tokens in a period is not checked there (its total may stay below the
+// allowance: needsOrder did not order for it), and a period where it
+// charged no meter with an allowance takes no lock.
+func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time, deltas map[time.Time]*overage.Overage, extra []meterDelta) {
+	guarded := map[time.Time]bool{}
 	// The other meters with an allowance this transaction charged in an
 	// unordered period.
 	var extraPeriods []time.Time
@@ -141,24 +154,37 @@ func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []tim
 	for _, d := range extra {
 		if inc := st.included[d.meter]; inc > 0 && !st.ordered[d.period] {
 			extraPeriods, extraKeys, extraIncs = append(extraPeriods, d.period), append(extraKeys, d.meter), append(extraIncs, inc)
+			guarded[d.period] = true
 		}
 	}
-	if st.allowance.InputTokens == 0 && st.allowance.OutputTokens == 0 && len(extraKeys) == 0 {
-		return
-	}
-	type lock struct{ a, b int32 }
-	var locks []lock
+	// The default meters': each unordered period's allowance of each
+	// default meter charged there (0: not charged, nothing to check).
 	var unordered []time.Time
+	var minIn, minOut []int64
 	for _, p := range periods {
 		if st.ordered[p] {
 			continue
 		}
+		var in, out int64
+		if deltas[p].InputTokens > 0 {
+			in = st.allowance.InputTokens
+		}
+		if deltas[p].OutputTokens > 0 {
+			out = st.allowance.OutputTokens
+		}
+		if in > 0 || out > 0 {
+			unordered, minIn, minOut = append(unordered, p), append(minIn, in), append(minOut, out)
+			guarded[p] = true
+		}
+	}
+	if len(guarded) == 0 {
+		return
+	}
+	type lock struct{ a, b int32 }
+	locks := make([]lock, 0, len(guarded))
+	for p := range guarded {
 		a, b := periodLockKey(tenantID, p)
 		locks = append(locks, lock{a, b})
-		unordered = append(unordered, p)
-	}
-	if len(unordered) == 0 {
-		return
 	}
 	slices.SortFunc(locks, func(x, y lock) int {
 		if c := cmp.Compare(x.a, y.a); c != 0 {
@@ -169,10 +195,14 @@ func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []tim
 	for _, l := range locks {
 		b.Queue(`SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)`, l.a, l.b)
 	}
-	b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
-			SELECT period_start FROM allowance_usage WHERE tenant_id = $1 AND period_start = ANY($2)
-			GROUP BY period_start HAVING sum(input_tokens) < $3 OR sum(output_tokens) < $4) AS given_back`,
-		pgUUID(tenantID), unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
+	if len(unordered) > 0 {
+		b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
+				SELECT a.period_start FROM allowance_usage a
+				JOIN unnest($2::timestamptz[], $3::bigint[], $4::bigint[]) AS d (start, i, o) ON a.period_start = d.start
+				WHERE a.tenant_id = $1
+				GROUP BY a.period_start, d.i, d.o HAVING sum(a.input_tokens) < d.i OR sum(a.output_tokens) < d.o) AS given_back`,
+			pgUUID(tenantID), unordered, minIn, minOut)
+	}
 	if len(extraKeys) > 0 {
 		// The same for every other meter with an allowance: charged whole
 		// only because its total had reached it.

@@ -214,7 +214,7 @@ func commit(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, st *state, c *c
 		b.Queue(idempotency.DeleteExpiredSQL, pgUUID(tenantID), e.key, e.expiresAt)
 	}
 	if len(w.logs) > 0 {
-		queueUsedUpGuard(b, tenantID, st, w.deltaOrder, w.extra)
+		queueUsedUpGuard(b, tenantID, st, w.deltaOrder, w.deltas, w.extra)
 		queueAllowanceTotals(b, tenantID, st, w)
 		if len(w.extra) > 0 {
 			queueMeterTotals(b, tenantID, st, w.extra)
@@ -380,7 +380,7 @@ func (st *state) deltaWrites(ctx context.Context, tx *pipeTx, tenantID uuid.UUID
 			return nil, err
 		}
 		d.log.CreatedAt = st.now
-		finish(d.log, lines, st.catalog)
+		st.finish(d.log, lines)
 		w.add(d.log, d.period, lines)
 		if d.streamRID != nil && w.streamRIDs == nil {
 			w.streamRIDs = make([]*string, len(logs))

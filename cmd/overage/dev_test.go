@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -408,20 +409,23 @@ func TestDevKeepRunningPrintsAdminAccess(t *testing.T) {
 // emulator's faults to show. Each setting yields to the environment.
 func TestDevSettingsKeepTheProductionSweep(t *testing.T) {
 	for _, env := range []map[string]string{{}, {"SWEEP_INTERVAL": "5s", "REPORT_BATCH_MAX": "50", "SWEEP_GRACE": "1m"}} {
-		cfg, err := app.LoadConfig(func(k string) string { return env[k] })
-		if err != nil {
+		var dev app.DevConfig
+		if err := (app.Source{Getenv: func(k string) string { return env[k] }, Defaults: devDefaults}).Read(&dev); err != nil {
 			t.Fatal(err)
 		}
-		devSettings(func(k string) string { return env[k] }, cfg)
+		cfg := dev.Work
+		if dev.Serve.Log.Level != slog.LevelError {
+			t.Errorf("the demo logs from %s, want errors only", dev.Serve.Log.Level)
+		}
 		if len(env) == 0 {
-			if cfg.SweepInterval != workers.DefaultSweepInterval || cfg.ReportBatchMax != demoReportBatchMax || cfg.SweepGrace >= time.Minute {
+			if cfg.SweepInterval != workers.DefaultSweepInterval || cfg.BatchMax != demoReportBatchMax || cfg.SweepGrace >= time.Minute {
 				t.Errorf("demo settings: sweep every %s (want %s), grace %s, REPORT_BATCH_MAX %d (want %d)",
-					cfg.SweepInterval, workers.DefaultSweepInterval, cfg.SweepGrace, cfg.ReportBatchMax, demoReportBatchMax)
+					cfg.SweepInterval, workers.DefaultSweepInterval, cfg.SweepGrace, cfg.BatchMax, demoReportBatchMax)
 			}
 			continue
 		}
-		if cfg.SweepInterval != 5*time.Second || cfg.ReportBatchMax != 50 || cfg.SweepGrace != time.Minute {
-			t.Errorf("the environment does not win: sweep every %s, grace %s, REPORT_BATCH_MAX %d", cfg.SweepInterval, cfg.SweepGrace, cfg.ReportBatchMax)
+		if cfg.SweepInterval != 5*time.Second || cfg.BatchMax != 50 || cfg.SweepGrace != time.Minute {
+			t.Errorf("the environment does not win: sweep every %s, grace %s, REPORT_BATCH_MAX %d", cfg.SweepInterval, cfg.SweepGrace, cfg.BatchMax)
 		}
 	}
 }
