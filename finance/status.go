@@ -202,7 +202,7 @@ SELECT t.id, t.name, t.stripe_customer_id,
 	coalesce(c.overage_input_tokens, 0), coalesce(c.overage_output_tokens, 0),
 	coalesce(c.billed_input_tokens, 0), coalesce(c.billed_output_tokens, 0),
 	CASE WHEN c.pending > 0 THEN
-		(SELECT min(u.created_at) FROM usage_logs u WHERE u.tenant_id = t.id AND ` + usagelog.Is("u.billing_status", usagelog.StatusPending) + `)
+		` + usagelog.OldestPendingSQL("t.id") + `
 	END
 FROM tenants t
 LEFT JOIN (
@@ -244,7 +244,7 @@ SELECT coalesce(sum(b.usage_logs), 0)::bigint,
 	coalesce(sum(b.overage_output_tokens), 0)::bigint,
 	coalesce(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
 	coalesce(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-	(SELECT min(u.created_at) FROM usage_logs u WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusPending) + `)
+	` + usagelog.OldestPendingSQL("") + `
 FROM billing_counters b`
 
 // statusKey is the cursor of a page of the report: the last tenant's
@@ -393,9 +393,7 @@ func scanReport(rows pgx.Rows) (*Report, error) {
 
 // rebuildSQL is also the backfill of migrations/0002_finance.sql.
 const rebuildSQL = `INSERT INTO billing_counters (tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens)
-SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens)
-FROM usage_logs
-GROUP BY tenant_id, billing_status`
+` + usagelog.CountersSQL
 
 // RebuildCounters recomputes billing_counters from usage_logs in one
 // transaction. It first locks usage_logs in SHARE ROW EXCLUSIVE mode, so
@@ -409,8 +407,8 @@ GROUP BY tenant_id, billing_status`
 // doubt; with the triggers enabled it changes nothing.
 func RebuildCounters(ctx context.Context, db Beginner) error {
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `LOCK TABLE usage_logs IN SHARE ROW EXCLUSIVE MODE`); err != nil {
-			return fmt.Errorf("lock usage_logs: %w", err)
+		if err := usagelog.LockWrites(ctx, tx); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM billing_counters`); err != nil {
 			return fmt.Errorf("clear billing counters: %w", err)

@@ -120,3 +120,33 @@ func CountByStatus(ctx context.Context, db DB, tenantIDs any) (map[overage.Billi
 	}
 	return out, rows.Err()
 }
+
+// OldestPendingSQL is the SQL of the creation time of the oldest pending
+// usage log of the tenant (SQL tenant; "" for every tenant), NULL for
+// none: the first entry of the partial index of pending logs, for the
+// statements of finance's status that read it with their counters in one
+// snapshot.
+func OldestPendingSQL(tenant string) string {
+	cond := ""
+	if tenant != "" {
+		cond = "u.tenant_id = " + tenant + " AND "
+	}
+	return `(SELECT min(u.created_at) FROM usage_logs u WHERE ` + cond + Is("u.billing_status", overage.BillingStatusPending) + `)`
+}
+
+// CountersSQL is the counter rows of billing_counters computed from the
+// logs, per tenant and status (tenant_id, billing_status, usage_logs,
+// overage_input_tokens, overage_output_tokens): finance rebuilds its
+// counters with it, after LockWrites.
+const CountersSQL = `SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens)
+FROM usage_logs
+GROUP BY tenant_id, billing_status`
+
+// LockWrites locks usage_logs in tx against every write until tx ends
+// (SHARE ROW EXCLUSIVE): readers go on, ingest and the workers wait.
+func LockWrites(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `LOCK TABLE usage_logs IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		return fmt.Errorf("lock usage_logs: %w", err)
+	}
+	return nil
+}

@@ -24,6 +24,16 @@
 // needs_review < not_billable < pending — across the whole transaction, not
 // only within one row: two such transactions may wait for each other but
 // never in a cycle.
+//
+// Ownership. The package owns the tables usage_logs and usage_reports
+// (docs/architecture.md): every statement on them is here — ingest's
+// inserts aside — or is built from a fragment exported here (Is,
+// PeriodOfSQL, PeriodClosedSQL, OldestPendingSQL, CountersSQL) by a
+// package whose own tables the statement is about. So every shape in
+// which they are read, and the plan settings each needs, is in one place;
+// the billed sums per customer and meter are Billed, and only Billed.
+// Statements here may join tenants read-only, by key, for a column they
+// show; they never write it.
 package usagelog
 
 import (
