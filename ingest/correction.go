@@ -14,11 +14,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/alerts"
-	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/httpx"
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -104,32 +101,26 @@ func (s *Service) Correct(ctx context.Context, p CorrectParams) (*Outcome, error
 func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
-	slot := s.slots.take()
-	defer s.slots.give(slot)
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("begin correction: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	// The key's scope is the log's tenant, for an administrator too.
+	// The key's scope is the log's tenant, for an administrator too (a
+	// log's tenant never changes: read before the transaction).
 	var tenantID uuid.UUID
-	err = tx.QueryRow(ctx, `SELECT tenant_id FROM usage_logs WHERE id = $1`, p.UsageLogID).Scan(&tenantID)
+	err := s.pool.QueryRow(ctx, tenantOfLogSQL, p.UsageLogID).Scan(&tenantID)
 	if errors.Is(err, pgx.ErrNoRows) || (err == nil && p.TenantID != nil && *p.TenantID != tenantID) {
 		return nil, overage.NotFound("usage log %s not found", p.UsageLogID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read usage log: %w", err)
 	}
-	k, err := claimKey(ctx, tx, tenantID, p.Key, p.Fingerprint, slot)
-	if err != nil {
-		return nil, err
-	}
-	if k.replay != nil {
-		return k.replay, nil
-	}
+	return s.executeDelta(ctx, tenantID, p.Key, p.Fingerprint, func(ctx context.Context, tx *pipeTx) (*deltaEffect, error) {
+		return s.correction(ctx, tx, p)
+	})
+}
 
-	orig, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1 FOR UPDATE`, p.UsageLogID))
+// correction is what a correction records, read and decided in its
+// transaction: the original's row lock (FOR UPDATE), the referee of two
+// corrections of one log, then the difference to record.
+func (s *Service) correction(ctx context.Context, tx *pipeTx, p CorrectParams) (*deltaEffect, error) {
+	orig, err := scanLog(tx.QueryRow(ctx, lockLogSQL, p.UsageLogID))
 	if err != nil {
 		return nil, fmt.Errorf("lock usage log: %w", err)
 	}
@@ -168,24 +159,13 @@ func (s *Service) correctOnce(ctx context.Context, p CorrectParams) (*Outcome, e
 		return nil, err
 	}
 	c.lines = lines
-	if err := c.compute(ctx, tx, cat); err != nil {
-		return nil, err
-	}
-	body, err := json.Marshal(correctionResponse{UsageLog: c.log, StripeTimestamp: basis})
-	if err != nil {
-		return nil, fmt.Errorf("render correction: %w", err)
-	}
-	out := &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: c.log.ID}
-	if err := writeDeltaLogs(ctx, tx, s.outbox, s.alerts, tenantID, []*deltaLog{c}); err != nil {
-		return nil, err
-	}
-	if err := k.store(ctx, tx, out); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit correction: %w", err)
-	}
-	return out, nil
+	return &deltaEffect{catalog: cat, logs: []*deltaLog{c}, render: func() (*Outcome, error) {
+		body, err := json.Marshal(correctionResponse{UsageLog: c.log, StripeTimestamp: basis})
+		if err != nil {
+			return nil, fmt.Errorf("render correction: %w", err)
+		}
+		return &Outcome{Status: http.StatusAccepted, Body: body, Kind: OutcomeNew, UsageLogID: c.log.ID}, nil
+	}}, nil
 }
 
 // correctionOf is the correction of orig by delta tokens, to be computed,
@@ -200,10 +180,7 @@ func correctionOf(ctx context.Context, tx pgx.Tx, orig *overage.UsageLog, delta 
 	var period, nowPeriod, now time.Time
 	var closed bool
 	// Closed: usagelog.PeriodClosedSQL, the one rule.
-	if err := tx.QueryRow(ctx, `SELECT u.period_start, `+periodOfSQL("now()")+`,
-			`+usagelog.PeriodClosedSQL("$1", "u.period_start", "$3")+`,
-			now()
-		FROM usage_logs u WHERE u.id = $2`, orig.TenantID, orig.ID, grace.Seconds()).Scan(&period, &nowPeriod, &closed, &now); err != nil {
+	if err := tx.QueryRow(ctx, correctedPeriodSQL, orig.TenantID, orig.ID, grace.Seconds()).Scan(&period, &nowPeriod, &closed, &now); err != nil {
 		return nil, "", fmt.Errorf("read the period of %s: %w", orig.ID, err)
 	}
 	if closed && !mayCloseOld {
@@ -246,73 +223,10 @@ func (s *Service) closeGrace() time.Duration {
 // webhooks told us one, else ts's calendar month in UTC (as periodsSQL).
 func periodOfSQL(ts string) string { return usagelog.PeriodOfSQL("$1", ts) }
 
-// keyClaim is an idempotency key taken by a transaction outside the
-// pipelined ingest path (corrections, stream checkpoints).
-type keyClaim struct {
-	tenantID    uuid.UUID
-	key         string
-	fingerprint []byte
-	expired     *expiredKey
-	// replay, when set, is the answer: the stored one, byte for byte.
-	replay *Outcome
-}
-
-// claimKey takes the key's advisory lock and reads its stored answer, as
-// the ingest transaction does: a live answer is replayed (or refused as key
-// reuse); a key held by a request still executing is 409 in progress.
-//
-// The transaction writes the counter rows of slot (see slots.go): a slot no
-// other transaction holds, so its counter rows never make it wait for, or
-// deadlock with, a report worker that holds the usage log it corrects.
-func claimKey(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, key string, fp []byte, slot int16) (*keyClaim, error) {
-	k := &keyClaim{tenantID: tenantID, key: key, fingerprint: fp}
-	dest := make([]any, txSettingsColumns+1, txSettingsColumns+2)
-	var locked bool
-	if err := tx.QueryRow(ctx, `SELECT `+txSettingsSQL+`, set_config('overage.slot', $2::int::text, true), pg_try_advisory_xact_lock($1)`,
-		lockKey(tenantID, key), slot).Scan(append(dest, &locked)...); err != nil {
-		return nil, fmt.Errorf("take idempotency lock: %w", err)
-	}
-	var rec storedResponse
-	err := tx.QueryRow(ctx, idempotency.LookupSQL, tenantID, []string{key}).
-		Scan(nil, &rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expiresAt, &rec.expired)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-	case err != nil:
-		return nil, fmt.Errorf("read idempotency record: %w", err)
-	case !rec.expired:
-		recorded, err := readRecordedLogs(ctx, tx, map[string]storedResponse{key: rec})
-		if err != nil {
-			return nil, err
-		}
-		out, err := rec.replay(fp, recorded)
-		k.replay = out
-		return k, err
-	default:
-		k.expired = &expiredKey{key, rec.expiresAt}
-	}
-	if !locked {
-		return nil, errInProgress()
-	}
-	return k, nil
-}
-
-// store writes the answer under the key, replacing an expired record.
-func (k *keyClaim) store(ctx context.Context, tx pgx.Tx, out *Outcome) error {
-	if k.expired != nil {
-		if _, err := tx.Exec(ctx, idempotency.DeleteExpiredSQL, k.tenantID, k.key, k.expired.expiresAt); err != nil {
-			return fmt.Errorf("delete expired idempotency record: %w", err)
-		}
-	}
-	if _, err := tx.Exec(ctx, idempotency.InsertSQL, k.tenantID, []string{k.key}, [][]byte{k.fingerprint}, []int32{int32(out.Status)},
-		[][]byte{out.Body}, []pgtype.UUID{nullID(out.UsageLogID)}, KeyTTL.Seconds()); err != nil {
-		return fmt.Errorf("store answer: %w", err)
-	}
-	return nil
-}
-
 // deltaLog is a usage log that changes its period's total by its tokens
 // (a stream's increase, a correction's difference): its overage is the
-// change of the period's overage, computed under the period's lock.
+// change of the period's overage, computed under the period's lock
+// (state.deltaWrites).
 type deltaLog struct {
 	log       *overage.UsageLog
 	period    time.Time
@@ -320,158 +234,6 @@ type deltaLog struct {
 	// lines are its tokens per meter, the defaults first (always both):
 	// what it adds to each meter's period total.
 	lines []overage.MeterTokens
-	// split is lines with their overage, set by compute.
-	split []overage.MeterLine
-	// before and included are, per line, its meter's period total before
-	// the log and its allowance, read by compute under the period's lock.
-	before, included []int64
-}
-
-// compute orders the log with every ingest event of its period that still
-// sees allowance left (the same advisory lock) and after every writer of
-// the period's slot rows that has written them (their row locks), reads
-// each of its meters' period total T and sets the line's overage to
-// overage.Split(T, d, A).
-func (d *deltaLog) compute(ctx context.Context, tx pgx.Tx, cat *overage.Catalog) error {
-	a, b := periodLockKey(d.log.TenantID, d.period)
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, a, b); err != nil {
-		return fmt.Errorf("lock allowance period: %w", err)
-	}
-	var total, allowance overage.Overage
-	var included map[string]int64
-	var now time.Time
-	if err := tx.QueryRow(ctx, `WITH locked AS (
-			SELECT input_tokens, output_tokens FROM allowance_usage WHERE tenant_id = $1 AND period_start = $2 FOR UPDATE
-		)
-		SELECT (SELECT coalesce(sum(input_tokens), 0)::bigint FROM locked), (SELECT coalesce(sum(output_tokens), 0)::bigint FROM locked),
-			t.included_input_tokens, t.included_output_tokens, t.included_meters, now()
-		FROM tenants t WHERE t.id = $1`, d.log.TenantID, d.period).Scan(&total.InputTokens, &total.OutputTokens,
-		&allowance.InputTokens, &allowance.OutputTokens, &included, &now); err != nil {
-		return fmt.Errorf("read allowance totals: %w", err)
-	}
-	extra := map[string]int64{}
-	if len(d.lines) > 2 {
-		var keys []string
-		for _, ln := range d.lines[2:] {
-			keys = append(keys, ln.Meter)
-		}
-		rows, err := tx.Query(ctx, `SELECT meter, coalesce(sum(tokens), 0)::bigint FROM (
-				SELECT meter, tokens FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND meter = ANY($3)
-				ORDER BY meter COLLATE "C", slot FOR UPDATE) AS m
-			GROUP BY meter`, d.log.TenantID, d.period, keys)
-		if err != nil {
-			return fmt.Errorf("read meter totals: %w", err)
-		}
-		for rows.Next() {
-			var k string
-			var n int64
-			if err := rows.Scan(&k, &n); err != nil {
-				rows.Close()
-				return fmt.Errorf("read meter totals: %w", err)
-			}
-			extra[k] = n
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("read meter totals: %w", err)
-		}
-	}
-	l := d.log
-	d.split = make([]overage.MeterLine, len(d.lines))
-	d.before, d.included = make([]int64, len(d.lines)), make([]int64, len(d.lines))
-	for i, ln := range d.lines {
-		var t, inc int64
-		switch ln.Meter {
-		case overage.MeterInput:
-			t, inc = total.InputTokens, allowance.InputTokens
-		case overage.MeterOutput:
-			t, inc = total.OutputTokens, allowance.OutputTokens
-		default:
-			t, inc = extra[ln.Meter], included[ln.Meter]
-		}
-		if ln.Tokens > 0 && t > maxTotal-ln.Tokens {
-			return errTotalOverflow
-		}
-		d.split[i] = overage.MeterLine{Meter: ln.Meter, Tokens: ln.Tokens, Overage: overage.Split(t, ln.Tokens, inc)}
-		d.before[i], d.included[i] = t, inc
-	}
-	l.CreatedAt = now.UTC().Truncate(time.Microsecond)
-	l.BillingStatus = overage.BillingStatusNotBillable
-	if billable(d.split) {
-		l.BillingStatus = overage.BillingStatusPending
-	}
-	l.Meters = rawLines(l, d.split)
-	cat.Present(l)
-	return nil
-}
-
-// writeDeltaLogs queues the report job of the billable logs (first, as the
-// ingest transaction does: see migrations/0007), then adds each log's
-// tokens to its period's ordered rows (slot 0: allowance_usage, then
-// meter_usage) and inserts the logs.
-func writeDeltaLogs(ctx context.Context, tx pgx.Tx, ob interface {
-	InsertReportsTx(context.Context, pgx.Tx, uuid.UUID, []uuid.UUID) error
-}, rec *alerts.Recorder, tenantID uuid.UUID, logs []*deltaLog) error {
-	var billableIDs []uuid.UUID
-	for _, d := range logs {
-		if billable(d.split) {
-			billableIDs = append(billableIDs, d.log.ID)
-		}
-	}
-	if len(billableIDs) > 0 {
-		if err := ob.InsertReportsTx(ctx, tx, tenantID, billableIDs); err != nil {
-			return err
-		}
-	}
-	if err := rec.Record(ctx, tx, tenantID, deltaUsage(logs)...); err != nil {
-		return err
-	}
-	for _, d := range logs {
-		l := d.log
-		if _, err := tx.Exec(ctx, `INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
-			VALUES ($1, $2, 0, $3, $4)
-			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
-			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens, output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-			tenantID, d.period, d.split[0].Tokens, d.split[1].Tokens); err != nil {
-			return fmt.Errorf("write allowance total: %w", err)
-		}
-		var keys []string
-		var tokens, over []int64
-		for _, ln := range d.split[2:] {
-			keys, tokens, over = append(keys, ln.Meter), append(tokens, ln.Tokens), append(over, ln.Overage)
-		}
-		if len(keys) > 0 {
-			if _, err := tx.Exec(ctx, `INSERT INTO meter_usage AS a (tenant_id, period_start, meter, slot, tokens)
-				SELECT $1, $2, m.meter, 0, m.tokens FROM unnest($3::text[], $4::bigint[]) AS m (meter, tokens)
-				ORDER BY m.meter COLLATE "C"
-				ON CONFLICT (tenant_id, period_start, meter, slot) DO UPDATE SET tokens = a.tokens + EXCLUDED.tokens`,
-				tenantID, d.period, keys, tokens); err != nil {
-				return fmt.Errorf("write meter totals: %w", err)
-			}
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
-				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				corrects, correction_reason, stream_request_id, meter_keys, meter_tokens, meter_overage, corrected_by, stripe_timestamp)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $15, $16, $17, $18, $19, $20,
-				CASE WHEN $21 THEN 'reported' END)`,
-			l.ID, tenantID, l.RequestID, l.Timestamp, l.UserID, l.ModelID, l.InputTokens, l.OutputTokens, d.period,
-			d.split[0].Overage, d.split[1].Overage, string(l.BillingStatus), l.CreatedAt, l.Corrects, l.Reason, d.streamRID,
-			keys, tokens, over, l.CorrectedBy, l.StripeTimestamp == usagelog.TimestampReported); err != nil {
-			return fmt.Errorf("write usage log: %w", err)
-		}
-	}
-	return nil
-}
-
-// deltaUsage is how the logs change their meters' period totals.
-func deltaUsage(logs []*deltaLog) []alerts.Usage {
-	out := make([]alerts.Usage, 0, 2*len(logs))
-	for _, d := range logs {
-		for i, ln := range d.split {
-			out = append(out, alerts.Usage{Meter: ln.Meter, PeriodStart: d.period, Included: d.included[i], Before: d.before[i], After: d.before[i] + ln.Tokens})
-		}
-	}
-	return out
 }
 
 // meterDeltas is, per meter, target less have: the meters of target in its
@@ -551,9 +313,6 @@ func correctionLines(cat *overage.Catalog, orig *overage.UsageLog, cur []overage
 	lines := meterDeltas(target, have)
 	return nonZeroExtras(lines)
 }
-
-// correctionsOfSQL reads the corrections of the log $1, oldest first.
-const correctionsOfSQL = `SELECT ` + logColumns + ` FROM usage_logs WHERE corrects = $1 ORDER BY id`
 
 // correctionsOf reads the corrections of the log id, oldest first.
 func (s *Service) correctionsOf(ctx context.Context, q querier, id uuid.UUID) ([]overage.UsageLog, error) {

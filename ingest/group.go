@@ -17,7 +17,7 @@ import (
 // events of one tenant that arrive while its transactions are in flight
 // are coalesced into one transaction that records all of them, each under
 // its own Idempotency-Key with its own stored answer, exactly as separate
-// transactions would (see executeOnce).
+// transactions would (see executeOnce and txn.go).
 //
 // It adds no latency when a tenant is idle: an event that finds fewer than
 // defaultGroupsInFlight (INGEST_COALESCE) of its tenant's transactions

@@ -41,34 +41,12 @@ func (t extraTotals) add(p time.Time, meter string, n int64) {
 	m[meter] += n
 }
 
-// extraTotalsSQL reads the totals of every non-default meter of the tenant
-// $1 in each period an event of the usage timestamps $2 may fall in: each
-// timestamp's calendar month and every subscription period overlapping
-// their span. That is every period periodsSQL computes for them, and
-// maybe more (a total of a period no event falls in is never used),
-// without periodsSQL's lookup of a subscription per event, which this read
-// repeated for every event of a batch under a per-model catalog. Queued
-// only while the catalog has such meters.
-const extraTotalsSQL = `
-	WITH e AS (
-		SELECT min(ts) AS lo, max(ts) AS hi FROM unnest($2::timestamptz[]) AS e (ts)
-	), p AS (
-		SELECT date_trunc('month', e.ts, 'UTC') AS start FROM unnest($2::timestamptz[]) AS e (ts)
-		UNION
-		SELECT s.current_period_start FROM tenant_subscriptions s, e
-		WHERE s.tenant_id = $1 AND s.current_period_start <= e.hi AND e.lo < s.current_period_end
-	)
-	SELECT m.period_start, m.meter, sum(m.tokens)::bigint
-	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start
-	GROUP BY 1, 2`
-
-// linesOf computes the meter lines of an event of model with amounts, each
-// line's overage split against its meter's running total in period p, and
-// adds the tokens to those totals. Lines of the default meters come
-// first (always both); other meters only when they got tokens.
-func (st *state) linesOf(model string, amounts [overage.NumTokenTypes]int64, p time.Time) ([]overage.MeterLine, error) {
-	mts := st.route(model).AppendLines(st.meterTokens[:0], amounts)
-	st.meterTokens = mts
+// split computes the meter lines of tokens mts added in period p (an
+// event's routed amounts, or a delta log's changes), each line's overage
+// split with overage.Split against its meter's running total, and adds the
+// tokens to those totals. Lines of the default meters come first (always
+// both); other meters only when they got tokens.
+func (st *state) split(p time.Time, mts []overage.MeterTokens) ([]overage.MeterLine, error) {
 	lines := st.newLines(len(mts))
 	tot := st.totals[p]
 	var extra map[string]int64 // the period's totals of the other meters

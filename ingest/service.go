@@ -1,17 +1,13 @@
 package ingest
 
 import (
-	"bytes"
-	"cmp"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -33,22 +29,6 @@ import (
 // KeyTTL is how long an idempotency record is kept and replayed. It is
 // advertised in the README and api/openapi.yaml.
 const KeyTTL = idempotency.TTL
-
-// lockTimeout bounds how long one ingest transaction — and so the claim on
-// its Idempotency-Key — may live.
-const lockTimeout = 10 * time.Second
-
-// beginSQL sets the transaction's settings (txSettingsSQL), names its slot
-// for the counter triggers (see slots.go), and tries each member's key
-// lock, in the members' order: one statement. For single events (one, or a
-// group) it also makes the transaction's prepared statements use their
-// generic plan: they take arrays, for which PostgreSQL would otherwise plan
-// every execution anew (docs/ingest.md has the measurements). A batch keeps
-// plans made for its arrays.
-var beginSQL = `SELECT ` + txSettingsSQL + `,
-	set_config('plan_cache_mode', $3::text, true),
-	set_config('overage.slot', $1::int::text, true),
-	(SELECT array_agg(pg_try_advisory_xact_lock(l.k) ORDER BY l.o) FROM unnest($2::bigint[]) WITH ORDINALITY AS l (k, o))`
 
 // retryAfterInProgress is the Retry-After of a 409 in progress: an ingest
 // transaction takes milliseconds, so one second is ample.
@@ -127,9 +107,8 @@ func (s *Service) Alerts() *alerts.Recorder { return s.alerts }
 type Outcome struct {
 	Status int
 	Body   []byte
-	// Kind says whether the answer is new, a duplicate or a replay, for
-	// logs and metrics.
-	Kind OutcomeKind
+	// Kind is "new", "duplicate" or "replay", for logs and metrics.
+	Kind string
 	// UsageLogID is the usage log the answer is about.
 	UsageLogID uuid.UUID
 	// stored, when not nil, is what is stored under the key instead of
@@ -137,14 +116,11 @@ type Outcome struct {
 	stored []byte
 }
 
-// OutcomeKind is what an Outcome answers: a new log, a duplicate of a
-// request_id recorded before, or the stored answer replayed under its key.
-type OutcomeKind string
-
+// Outcome kinds.
 const (
-	OutcomeNew       OutcomeKind = "new"
-	OutcomeDuplicate OutcomeKind = "duplicate"
-	OutcomeReplay    OutcomeKind = "replay"
+	OutcomeNew       = "new"
+	OutcomeDuplicate = "duplicate"
+	OutcomeReplay    = "replay"
 )
 
 // RecordParams are the inputs of Record, all validated by the caller.
@@ -267,15 +243,16 @@ func withRetries[T any](attempt func() (T, error)) (T, error) {
 	return zero, dbError(err)
 }
 
-// executeOnce is one ingest transaction, in three round trips (four while
-// an allowance is not yet used up): BEGIN and the reads (key locks, stored
-// records, earlier logs of the request_ids, allowance and period totals) in
-// one pipeline; only while some allowance is left, the period lock and a
-// re-read of its total; the report jobs (River, one statement); the writes
-// (totals, usage logs, stored responses) and COMMIT in one pipeline. Each
-// member is answered as if it ran alone: a replay, a 409, or its events
-// recorded (or found recorded) in arrival order through the same running
-// totals, with its answer stored under its key in this transaction.
+// executeOnce is one ingest transaction (txn.go), in three round trips
+// (four while an allowance is not yet used up): BEGIN, the claim and the
+// reads (stored records, earlier logs of the request_ids, allowance and
+// period totals) in one pipeline; only while some allowance is left, the
+// period lock and a re-read of its total; the report jobs (River, one
+// statement); the writes (totals, usage logs, stored responses) and COMMIT
+// in one pipeline. Each member is answered as if it ran alone: a replay, a
+// 409, or its events recorded (or found recorded) in arrival order through
+// the same running totals, with its answer stored under its key in this
+// transaction.
 func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	// The keys stay "in progress" exactly as long as this transaction: bound
 	// it here, and in the server too should this process stall.
@@ -287,61 +264,92 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read meter catalog: %w", err)
 	}
-	// Given back after the commit or rollback below, when its rows are
-	// unlocked (deferred calls run last in, first out).
-	slot := s.slots.take()
-	defer s.slots.give(slot)
-	tx, err := beginPipeTx(ctx, s.pool)
+	tx, slot, end, err := s.begin(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("begin ingest transaction: %w", err)
+		return nil, err
 	}
-	defer tx.release(context.WithoutCancel(ctx))
-
+	defer end()
 	st, err := readState(ctx, tx, g, slot, cat, s.closeGrace())
 	if err != nil {
 		return nil, err
 	}
-	if st.catalogVersion > cat.Version {
-		// The catalog changed since it was cached: route with the one this
-		// transaction sees, read through it (not another connection: a
-		// full pool would wait on itself).
-		if st.catalog, err = s.meters.Current(ctx, tx, st.catalogVersion); err != nil {
-			return nil, err
-		}
-	}
-	recorded, err := readRecordedLogs(ctx, tx, st.recs)
-	if err != nil {
+	if err := s.catchUpCatalog(ctx, tx, st, cat); err != nil {
 		return nil, err
 	}
-	if err := s.presentAll(ctx, tx, st.catalog, recorded, st.earlier); err != nil {
+	if err := s.readRecorded(ctx, tx, st.claim, st.catalog, st.earlier); err != nil {
 		return nil, err
 	}
-	answers := make([]answer, len(g.members))
-	var active []int // the members this transaction records
-	for i, m := range g.members {
-		rec, found := st.recs[m.key]
-		switch {
-		case found && !rec.expired:
-			answers[i].out, answers[i].err = rec.replay(m.fingerprint, recorded)
-		case !st.locked[i]:
-			answers[i].err = errInProgress()
-		default:
-			if found { // expired: the key starts a new request
-				st.expired = append(st.expired, expiredKey{m.key, rec.expiresAt})
-			}
-			active = append(active, i)
-		}
-	}
+	answers, active := st.answerMembers(g)
 	if len(active) == 0 {
 		return answers, nil
 	}
+	results, fresh, dupOf := st.planEvents(g, active)
+	w := &writes{}
+	if len(fresh) > 0 {
+		if err := st.order(ctx, tx, g, fresh); err != nil {
+			return nil, err
+		}
+		if w, err = st.newLogs(g, fresh, results); err != nil {
+			return nil, err
+		}
+		if err := s.queueJobs(ctx, tx, g.tenantID, st, w); err != nil {
+			return nil, err
+		}
+	}
+	for i, j := range dupOf {
+		results[i] = result{log: results[j].log, duplicate: true}
+	}
+	stored, err := renderMembers(g, active, results, answers)
+	if err != nil {
+		return nil, err
+	}
+	if s.beforeWrites != nil {
+		if err := s.beforeWrites(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if err := commit(ctx, tx, g.tenantID, st, st.claim, w, stored); err != nil {
+		return nil, err
+	}
+	return answers, nil
+}
 
-	results := make([]result, len(g.events))
-	var fresh []int // indexes of the events to record
-	// A request_id recorded by an earlier member of this group: a later
-	// member's event is its duplicate, as in a transaction of its own.
+// catchUpCatalog makes st route with the catalog the transaction sees when
+// it changed since cat was cached, read through tx (not another
+// connection: a full pool would wait on itself).
+func (s *Service) catchUpCatalog(ctx context.Context, tx *pipeTx, st *state, cat *overage.Catalog) error {
+	if st.catalogVersion <= cat.Version {
+		return nil
+	}
+	var err error
+	st.catalog, err = s.meters.Current(ctx, tx, st.catalogVersion)
+	return err
+}
+
+// answerMembers is step 2 for every member: the answers of those replayed
+// or refused, and the indexes of the members this transaction records.
+func (st *state) answerMembers(g *group) ([]answer, []int) {
+	answers := make([]answer, len(g.members))
+	var active []int
+	for i, m := range g.members {
+		var goes bool
+		answers[i].out, answers[i].err, goes = st.claim.answer(i, m.key, m.fingerprint)
+		if goes {
+			active = append(active, i)
+		}
+	}
+	return answers, active
+}
+
+// planEvents sorts the active members' events: those whose request_id
+// the tenant recorded earlier (their results set, duplicates), those
+// whose request_id an earlier member of this group carries (dupOf: a
+// later member's event is its duplicate, as in a transaction of its own),
+// and the fresh ones to record, in arrival order.
+func (st *state) planEvents(g *group, active []int) (results []result, fresh []int, dupOf map[int]int) {
+	results = make([]result, len(g.events))
 	recordedHere := map[string]int{}
-	dupOf := map[int]int{}
+	dupOf = map[int]int{}
 	for _, mi := range active {
 		m := g.members[mi]
 		for i := m.first; i < m.first+len(m.events); i++ {
@@ -360,696 +368,34 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 			fresh = append(fresh, i)
 		}
 	}
-	w := &writes{}
-	if len(fresh) > 0 {
-		if err := st.order(ctx, tx, g, fresh); err != nil {
-			return nil, err
-		}
-		if w, err = st.newLogs(g, fresh, results); err != nil {
-			return nil, err
-		}
-		// Before the writes, so the counter rows the usage log insert
-		// updates stay locked only for the last pipeline and the commit.
-		if err := s.outbox.InsertReportsTx(ctx, tx, g.tenantID, w.reportIDs); err != nil {
-			return nil, err
-		}
-		if err := s.alerts.Record(ctx, tx, g.tenantID, w.meterUsage(st)...); err != nil {
-			return nil, err
-		}
-	}
-	for i, j := range dupOf {
-		results[i] = result{log: results[j].log, duplicate: true}
-	}
-	for _, mi := range active {
+	return results, fresh, dupOf
+}
+
+// renderMembers renders each active member's answer from its results and
+// returns the answers to store.
+func renderMembers(g *group, active []int, results []result, answers []answer) ([]storedAnswer, error) {
+	stored := make([]storedAnswer, len(active))
+	for k, mi := range active {
 		m := g.members[mi]
 		out, err := m.render(results[m.first : m.first+len(m.events)])
 		if err != nil {
 			return nil, err
 		}
 		answers[mi].out = out
+		stored[k] = storedAnswer{key: m.key, fingerprint: m.fingerprint, out: out}
 	}
-	if s.beforeWrites != nil {
-		if err := s.beforeWrites(ctx); err != nil {
-			return nil, err
-		}
-	}
-	if err := w.exec(ctx, tx, g, st, active, answers); err != nil {
-		return nil, err
-	}
-	return answers, nil
+	return stored, nil
 }
 
-// state is what an ingest transaction read before deciding.
-type state struct {
-	locked  []bool                       // per member: its key's lock was taken
-	recs    map[string]storedResponse    // the members' stored records, by key
-	expired []expiredKey                 // expired records to replace
-	earlier map[string]*overage.UsageLog // by request_id
-	// The tenant's allowance, the transaction's now() (created_at of its
-	// logs), each event's allowance period, and each period's total.
-	allowance overage.Overage
-	now       time.Time
-	periods   []time.Time
-	totals    map[time.Time]*overage.Overage
-	// ordered holds the periods whose allowance was not used up: this
-	// transaction holds their lock and writes their slot 0.
-	ordered map[time.Time]bool
-	// slot is the transaction's leased slot for every other row it adds to.
-	slot int16
-	// The meters other than the defaults: their allowances, and their
-	// period totals when the catalog had such meters (extraRead).
-	included  map[string]int64
-	extra     extraTotals
-	extraRead bool
-	// catalog is the meter catalog of the version the transaction read.
-	catalog        *overage.Catalog
-	catalogVersion int64
-	routes         map[string]overage.Routing
-	lineBlock      []overage.MeterLine   // see newLines
-	meterTokens    []overage.MeterTokens // linesOf's buffer, reused event after event
-	// closed holds the periods closed when the transaction read them
-	// (usagelog.PeriodClosedSQL): their new logs answer "reported".
-	closed map[time.Time]bool
-}
-
-// closedStartSQL: the period d.start of the tenant $1 is closed, $3 being
-// PERIOD_CLOSE_GRACE in seconds (usagelog.PeriodClosedSQL).
-var closedStartSQL = usagelog.PeriodClosedSQL("$1", "d.start", "$3")
-
-var periodsSQL = `
-	WITH ev AS (
-		SELECT e.ts, e.ord FROM unnest($2::timestamptz[]) WITH ORDINALITY AS e (ts, ord)
-	), p AS (
-		SELECT ev.ord, coalesce((
-			SELECT s.current_period_start FROM tenant_subscriptions s
-			WHERE s.tenant_id = $1 AND s.current_period_start <= ev.ts AND ev.ts < s.current_period_end
-			ORDER BY s.current_period_start DESC LIMIT 1), date_trunc('month', ev.ts, 'UTC')) AS start
-		FROM ev
-	), tot AS (
-		SELECT d.start, coalesce(sum(a.input_tokens), 0)::bigint AS i, coalesce(sum(a.output_tokens), 0)::bigint AS o,
-			` + closedStartSQL + ` AS closed
-		FROM (SELECT DISTINCT start FROM p) d
-		LEFT JOIN allowance_usage a ON a.tenant_id = $1 AND a.period_start = d.start
-		GROUP BY d.start
-	)
-	SELECT p.start, tot.i, tot.o, t.included_input_tokens, t.included_output_tokens, now(),
-		CASE WHEN p.ord = 1 THEN t.included_meters END, CASE WHEN p.ord = 1 THEN (SELECT version FROM meter_catalog) END,
-		tot.closed
-	FROM p JOIN tot ON tot.start = p.start CROSS JOIN tenants t
-	WHERE t.id = $1
-	ORDER BY p.ord`
-
-// readState takes the members' key locks and reads, in one round trip and
-// in snapshots taken after the locks: the stored records, the logs already
-// recorded under the request_ids, the allowance and the period totals.
-// The period of a usage timestamp is the tenant's Stripe subscription
-// period covering it when the webhooks told us one (tenant_subscriptions),
-// else its calendar month in UTC.
-func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overage.Catalog, grace time.Duration) (*state, error) {
-	st := &state{slot: slot, recs: map[string]storedResponse{}, earlier: map[string]*overage.UsageLog{},
-		totals: map[time.Time]*overage.Overage{}, ordered: map[time.Time]bool{}, extra: extraTotals{}, catalog: cat,
-		closed: map[time.Time]bool{}}
-	var rids pgArray[pgString]
-	ts := make(pgArray[pgTimestamptz], len(g.events))
-	for i, ev := range g.events {
-		if ev.RequestID != nil {
-			rids = append(rids, pgString(*ev.RequestID))
-		}
-		ts[i] = pgTimestamptz(ev.Timestamp)
+// queueJobs is step 4: the report job of w's billable logs and the
+// threshold events they cross. Before the writes, so the counter rows the
+// usage log insert updates stay locked only for the last pipeline and the
+// commit.
+func (s *Service) queueJobs(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, st *state, w *writes) error {
+	if err := s.outbox.InsertReportsTx(ctx, tx, tenantID, w.reportIDs); err != nil {
+		return err
 	}
-	keys, locks := make([]string, len(g.members)), make([]int64, len(g.members))
-	for i, m := range g.members {
-		keys[i], locks[i] = m.key, lockKey(g.tenantID, m.key)
-	}
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
-	planMode := "auto"
-	if len(g.events) == 1 || len(g.members) > 1 {
-		// A group of single events (about 12 at 32 clients) too: PostgreSQL's
-		// CPU an event 119 and 152 µs with generic plans, 124 and 158 µs with
-		// custom ones (A B B A; one tenant, 32 clients of bench/ingestload,
-		// CPU of the backends read from /proc over 8 s).
-		planMode = "force_generic_plan"
-	}
-	b.Queue(beginSQL, slot, locks, planMode)
-	b.Queue(idempotency.LookupSQL, pgUUID(g.tenantID), keys)
-	if len(rids) > 0 {
-		b.Queue(logsByRequestIDSQL, pgUUID(g.tenantID), rids)
-	}
-	b.Queue(periodsSQL, pgUUID(g.tenantID), ts, grace.Seconds())
-	if cat.Extra() {
-		b.Queue(extraTotalsSQL, pgUUID(g.tenantID), ts)
-		st.extraRead = true
-	}
-	br := tx.SendBatch(ctx, b)
-	defer func() { _ = br.Close() }()
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("begin ingest transaction: %w", err)
-	}
-	settings := make([]any, txSettingsColumns+2, txSettingsColumns+3)
-	if err := br.QueryRow().Scan(append(settings, &st.locked)...); err != nil {
-		return nil, fmt.Errorf("take idempotency locks: %w", err)
-	}
-	if len(st.locked) != len(g.members) {
-		return nil, fmt.Errorf("take idempotency locks: %d answers for %d keys", len(st.locked), len(g.members))
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("read idempotency records: %w", err)
-	}
-	for rows.Next() {
-		var key string
-		var rec storedResponse
-		if err := rows.Scan(&key, &rec.fingerprint, &rec.status, &rec.body, &rec.usageLogID, &rec.expiresAt, &rec.expired); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read idempotency records: %w", err)
-		}
-		st.recs[key] = rec
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read idempotency records: %w", err)
-	}
-	if len(rids) > 0 {
-		rows, err := br.Query()
-		if err != nil {
-			return nil, fmt.Errorf("read usage logs by request_id: %w", err)
-		}
-		for rows.Next() {
-			l, err := scanLog(rows)
-			if err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("read usage logs by request_id: %w", err)
-			}
-			st.earlier[*l.RequestID] = l
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("read usage logs by request_id: %w", err)
-		}
-	}
-	rows, err = br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("read allowance periods: %w", err)
-	}
-	// One row an event, but as many totals as periods: scanned into the
-	// same variables, copied once a period.
-	var start time.Time
-	var tot overage.Overage
-	var version *int64
-	var included map[string]int64
-	var closed bool
-	st.periods = make([]time.Time, 0, len(g.events))
-	for rows.Next() {
-		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
-			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now, &included, &version, &closed); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("read allowance periods: %w", err)
-		}
-		start, st.now = start.UTC(), st.now.UTC()
-		if version != nil {
-			st.catalogVersion, st.included, version = *version, included, nil
-		}
-		st.periods = append(st.periods, start)
-		if closed {
-			st.closed[start] = true
-		}
-		if _, ok := st.totals[start]; !ok {
-			t := tot
-			st.totals[start] = &t
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read allowance periods: %w", err)
-	}
-	if len(st.periods) != len(g.events) {
-		return nil, fmt.Errorf("read allowance periods: %d periods for %d events", len(st.periods), len(g.events))
-	}
-	if st.extraRead {
-		if err := st.scanExtraTotals(br.Query()); err != nil {
-			return nil, err
-		}
-	}
-	return st, nil
-}
-
-// scanExtraTotals reads the rows of extraTotalsSQL (or the re-read after
-// the period lock) into st.extra, replacing the periods it names.
-func (st *state) scanExtraTotals(rows pgx.Rows, err error) error {
-	if err != nil {
-		return fmt.Errorf("read meter totals: %w", err)
-	}
-	defer rows.Close()
-	var start time.Time
-	var meter string
-	var n int64
-	for rows.Next() {
-		if err := rows.Scan(&start, &meter, &n); err != nil {
-			return fmt.Errorf("read meter totals: %w", err)
-		}
-		st.extra.add(start.UTC(), meter, n)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read meter totals: %w", err)
-	}
-	return nil
-}
-
-// order makes the totals exact where the split needs them. A period whose
-// committed total had reached the allowance in both dimensions needs
-// nothing: totals only grow, so each new event's overage is all its
-// tokens whatever the order. Any other period of the new events is locked
-// (sorted, so two batches never wait for each other in a cycle) and its
-// total read again in a statement that starts after the lock is granted:
-// every event that charged it before committed, and one that did not take
-// the lock only ran because the total it saw — which this read sees too —
-// was already at the allowance.
-func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) error {
-	// The meters the new events feed, per period: the allowances of those
-	// count, the others' do not.
-	fed := st.fedMeters(g, fresh)
-	var open []time.Time
-	for _, i := range fresh {
-		p := st.periods[i]
-		if st.ordered[p] || !st.needsOrder(p, fed[p], fed == nil) {
-			continue
-		}
-		st.ordered[p] = true
-		open = append(open, p)
-	}
-	if len(open) == 0 {
-		return nil
-	}
-	type lock struct{ a, b int32 }
-	locks := make([]lock, len(open))
-	for i, p := range open {
-		a, b := periodLockKey(g.tenantID, p)
-		locks[i] = lock{a, b}
-	}
-	slices.SortFunc(locks, func(x, y lock) int {
-		if c := cmp.Compare(x.a, y.a); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.b, y.b)
-	})
-	b := &pgx.Batch{}
-	for _, l := range locks {
-		b.Queue(`SELECT pg_advisory_xact_lock($1::int4, $2::int4)`, l.a, l.b)
-	}
-	b.Queue(`SELECT period_start, sum(input_tokens)::bigint, sum(output_tokens)::bigint FROM allowance_usage
-		WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY period_start`, pgUUID(g.tenantID), open)
-	extras := st.catalog.Extra()
-	if extras {
-		b.Queue(`SELECT period_start, meter, sum(tokens)::bigint FROM meter_usage
-			WHERE tenant_id = $1 AND period_start = ANY($2) GROUP BY 1, 2`, pgUUID(g.tenantID), open)
-	}
-	br := tx.SendBatch(ctx, b)
-	defer func() { _ = br.Close() }()
-	for range locks {
-		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("lock allowance period: %w", err)
-		}
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return fmt.Errorf("read allowance totals: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var start time.Time
-		var tot overage.Overage
-		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens); err != nil {
-			return fmt.Errorf("read allowance totals: %w", err)
-		}
-		*st.totals[start.UTC()] = tot
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read allowance totals: %w", err)
-	}
-	rows.Close()
-	if extras {
-		for _, p := range open {
-			delete(st.extra, p)
-		}
-		if err := st.scanExtraTotals(br.Query()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// route is the routing of model's tokens, computed once per model.
-func (st *state) route(model string) overage.Routing {
-	if st.routes == nil {
-		st.routes = map[string]overage.Routing{}
-	}
-	r, ok := st.routes[model]
-	if !ok {
-		r = st.catalog.Route(model)
-		st.routes[model] = r
-	}
-	return r
-}
-
-// writes are the rows an ingest transaction adds.
-type writes struct {
-	logs      []*overage.UsageLog
-	periods   []time.Time
-	reportIDs []uuid.UUID
-	// Token deltas of the default meters per period, in first-seen order,
-	// and of the other meters per period and meter.
-	deltaOrder []time.Time
-	deltas     map[time.Time]*overage.Overage
-	extra      []meterDelta
-	// lines of the logs, in their order.
-	lines [][]overage.MeterLine
-}
-
-// meterDelta is tokens added to one non-default meter's period total.
-type meterDelta struct {
-	period time.Time
-	meter  string
-	tokens int64
-}
-
-// newLogs computes, in arrival order, each new event's overage from its
-// period's running total: the part of the event above the allowance,
-// max(0, after - allowance) - max(0, before - allowance) per dimension,
-// which splits an event that crosses the allowance exactly.
-func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, error) {
-	w := &writes{deltas: map[time.Time]*overage.Overage{}}
-	// The random bits of every id in one read of crypto/rand rather than
-	// one each (half of this function's time), and one allocation for the
-	// logs of a batch, not one each.
-	random := make([]byte, 16*len(fresh))
-	if _, err := rand.Read(random); err != nil {
-		return nil, fmt.Errorf("usage log ids: %w", err)
-	}
-	randomIDs := bytes.NewReader(random)
-	logs := make([]overage.UsageLog, len(fresh))
-	w.logs = make([]*overage.UsageLog, 0, len(fresh))
-	w.periods = make([]time.Time, 0, len(fresh))
-	w.lines = make([][]overage.MeterLine, 0, len(fresh))
-	extra := map[meterDelta]int{} // index in w.extra, by (period, meter)
-	for k, i := range fresh {
-		ev := g.events[i]
-		p := st.periods[i]
-		id, err := uuid.NewV7FromReader(randomIDs)
-		if err != nil {
-			return nil, fmt.Errorf("usage log id: %w", err)
-		}
-		lines, err := st.linesOf(ev.ModelID, overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts), p)
-		if err != nil {
-			return nil, err
-		}
-		l := &logs[k]
-		*l = overage.UsageLog{
-			ID: id, TenantID: g.tenantID, RequestID: ev.RequestID, Timestamp: ev.Timestamp,
-			UserID: ev.UserID, ModelID: ev.ModelID, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens,
-			TokenParts:      ev.Parts,
-			BillingStatus:   overage.BillingStatusNotBillable,
-			CreatedAt:       st.now,
-			Kind:            overage.KindUsage,
-			StripeTimestamp: usagelog.TimestampUsage,
-		}
-		if st.closed[p] {
-			l.StripeTimestamp = usagelog.TimestampReported
-		}
-		if billable(lines) {
-			l.BillingStatus = overage.BillingStatusPending
-			w.reportIDs = append(w.reportIDs, id)
-		}
-		l.Meters = rawLinesInto(st.newLines(len(lines)), l, lines)
-		st.catalog.Present(l)
-		results[i] = result{log: l}
-		w.logs = append(w.logs, l)
-		w.periods = append(w.periods, p)
-		w.lines = append(w.lines, lines)
-		d, ok := w.deltas[p]
-		if !ok {
-			d = &overage.Overage{}
-			w.deltas[p] = d
-			w.deltaOrder = append(w.deltaOrder, p)
-		}
-		d.InputTokens += lines[0].Tokens
-		d.OutputTokens += lines[1].Tokens
-		for _, ln := range lines[2:] {
-			key := meterDelta{period: p, meter: ln.Meter}
-			j, ok := extra[key]
-			if !ok {
-				j = len(w.extra)
-				extra[key] = j
-				w.extra = append(w.extra, key)
-			}
-			w.extra[j].tokens += ln.Tokens
-		}
-	}
-	return w, nil
-}
-
-// meterUsage is how the new logs change each meter's period total (the
-// running totals newLogs left in st). The totals are exact for every
-// period with allowance left on a meter it feeds (st.order read them under
-// the period's lock); a period past the allowance of every meter it feeds
-// crosses no threshold (thresholds are at most 100%).
-func (w *writes) meterUsage(st *state) []alerts.Usage {
-	out := make([]alerts.Usage, 0, 2*len(w.deltaOrder)+len(w.extra))
-	for _, p := range w.deltaOrder {
-		after, d := st.totals[p], w.deltas[p]
-		out = append(out,
-			alerts.Usage{Meter: overage.MeterInput, PeriodStart: p, Included: st.allowance.InputTokens, Before: after.InputTokens - d.InputTokens, After: after.InputTokens},
-			alerts.Usage{Meter: overage.MeterOutput, PeriodStart: p, Included: st.allowance.OutputTokens, Before: after.OutputTokens - d.OutputTokens, After: after.OutputTokens})
-	}
-	for _, d := range w.extra {
-		after := st.extra[d.period][d.meter]
-		out = append(out, alerts.Usage{Meter: d.meter, PeriodStart: d.period, Included: st.included[d.meter], Before: after - d.tokens, After: after})
-	}
-	return out
-}
-
-// exec writes and commits, in one round trip: the expired records'
-// removal, the period totals (slot 0 of an ordered period, else the
-// transaction's slot), the usage logs (in request_id order, so two batches
-// sharing request_ids wait for each other instead of deadlocking), the
-// active members' stored responses, COMMIT.
-func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, active []int, answers []answer) error {
-	b := &pgx.Batch{}
-	for _, e := range st.expired {
-		b.Queue(idempotency.DeleteExpiredSQL, pgUUID(g.tenantID), e.key, e.expiresAt)
-	}
-	if len(w.logs) > 0 {
-		queueUsedUpGuard(b, g.tenantID, st, w.deltaOrder, w.deltas, w.extra)
-		n := len(w.deltaOrder)
-		starts, ordered := make([]time.Time, n), make([]bool, n)
-		ins, outs := make([]int64, n), make([]int64, n)
-		for i, p := range w.deltaOrder {
-			starts[i], ordered[i] = p, st.ordered[p]
-			ins[i], outs[i] = w.deltas[p].InputTokens, w.deltas[p].OutputTokens
-		}
-		b.Queue(`INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
-			SELECT $1, d.start, CASE WHEN d.ordered THEN 0 ELSE $6::smallint END, d.i, d.o
-			FROM unnest($2::timestamptz[], $3::bool[], $4::bigint[], $5::bigint[]) AS d (start, ordered, i, o)
-			ORDER BY 2, 3
-			ON CONFLICT (tenant_id, period_start, slot) DO UPDATE
-			SET input_tokens = a.input_tokens + EXCLUDED.input_tokens,
-			    output_tokens = a.output_tokens + EXCLUDED.output_tokens`,
-			pgUUID(g.tenantID), starts, ordered, ins, outs, st.slot)
-		if len(w.extra) > 0 {
-			queueMeterTotals(b, g.tenantID, st, w.extra)
-		}
-
-		m := len(w.logs)
-		ids, rids := make(pgArray[pgtype.UUID], m), make(pgArray[pgtype.Text], m)
-		tss, periods := make(pgArray[pgTimestamptz], m), make(pgArray[pgTimestamptz], m)
-		users, models, statuses := make(pgArray[pgString], m), make(pgArray[pgString], m), make(pgArray[pgString], m)
-		in, out, oin, oout := make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m), make(pgArray[pgInt8], m)
-		// The parts are rare: NULL arrays (one argument each) unless some
-		// event of the transaction reported one.
-		var reads, writes, reasons []*int64
-		var flat flatLines
-		// A log of a period closed now is reported at send time, whenever
-		// its report is formed (closed is for good): recorded as such.
-		closed := make(pgArray[pgTimestamptz], 0, len(st.closed))
-		for p := range st.closed {
-			closed = append(closed, pgTimestamptz(p))
-		}
-		for i, l := range w.logs {
-			flat.add(w.lines[i])
-			ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])
-			if l.RequestID != nil {
-				rids[i] = pgtype.Text{String: *l.RequestID, Valid: true}
-			}
-			users[i], models[i], statuses[i] = pgString(l.UserID), pgString(l.ModelID), pgString(l.BillingStatus)
-			in[i], out[i] = pgInt8(l.InputTokens), pgInt8(l.OutputTokens)
-			oin[i], oout[i] = pgInt8(w.lines[i][0].Overage), pgInt8(w.lines[i][1].Overage)
-			if l.TokenParts != (overage.TokenParts{}) && reads == nil {
-				reads, writes, reasons = make([]*int64, m), make([]*int64, m), make([]*int64, m)
-			}
-			if reads != nil {
-				reads[i], writes[i], reasons[i] = l.CacheRead, l.CacheWrite, l.Reasoning
-			}
-		}
-		b.Queue(`INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
-				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
-				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
-				meter_keys, meter_tokens, meter_overage, stripe_timestamp)
-			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13, u.cr, u.cw, u.rs,
-				string_to_array(u.mk, ','),
-				CASE WHEN u.cnt > 0 THEN ($18::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
-				CASE WHEN u.cnt > 0 THEN ($19::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
-				CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
-			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[], $14::bigint[], $15::bigint[], $16::bigint[],
-				$17::text[], $20::int[], $21::int[])
-				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, cr, cw, rs, mk, lo, cnt)
-			ORDER BY u.rid COLLATE "C"`,
-			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons,
-			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count, closed)
-	}
-	n := len(active)
-	keys, fps, statuses, bodies, logIDs := make(pgArray[pgString], n), make([][]byte, n), make([]int32, n), make([][]byte, n), make(pgArray[pgtype.UUID], n)
-	for i, mi := range active {
-		m, out := g.members[mi], answers[mi].out
-		keys[i], fps[i], statuses[i], bodies[i], logIDs[i] = pgString(m.key), m.fingerprint, int32(out.Status), out.Body, nullID(out.UsageLogID)
-		if out.stored != nil {
-			bodies[i] = out.stored
-		}
-	}
-	b.Queue(idempotency.InsertSQL, pgUUID(g.tenantID), keys, fps, statuses, bodies, logIDs, KeyTTL.Seconds())
-	b.Queue(`COMMIT`)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "22012" /* division_by_zero: the guard */ {
-			return errAllowanceGivenBack
-		}
-		return fmt.Errorf("write usage logs and idempotency record, commit: %w", err)
-	}
-	tx.commitQueued()
-	return nil
-}
-
-// errTotalOverflow answers events that would take their period's total
-// past what a bigint holds: nothing is recorded.
-var errTotalOverflow = overage.Invalid([]overage.FieldError{
-	{Field: "input_tokens", Detail: "would take its billing period's total past 9223372036854775807 tokens"},
-	{Field: "output_tokens", Detail: "would take its billing period's total past 9223372036854775807 tokens"},
-}, "the tokens would overflow their billing period's total; nothing was recorded")
-
-// errAllowanceGivenBack: a correction gave allowance back to a period this
-// transaction charged without ordering (see queueUsedUpGuard). It rolled
-// back whole; the next attempt reads the lower total and takes the ordered
-// path.
-var errAllowanceGivenBack = errors.New("a correction gave allowance back to the period meanwhile")
-
-// queueUsedUpGuard keeps the unordered path exact against corrections. An
-// unordered period was charged all its tokens because its committed total
-// had reached the allowance, relying on totals only growing — which a
-// correction (or a lowering final checkpoint) breaks: it lowers the total
-// under the period's exclusive lock. So before writing, the transaction
-// takes that lock shared (unordered transactions never wait for each
-// other) and checks, in a statement that starts after the lock is granted,
-// that the total is still at or above the allowance; if a correction
-// committed in between, the check divides by zero and the transaction
-// rolls back to be retried. A correction that comes later waits for this
-// transaction's commit and then counts its tokens.
-//
-// A tenant without allowance needs none of this: no total is ever below
-// zero.
-//
-// Only what the transaction charged counts: a default meter it gave no
-// tokens in a period is not checked there (its total may stay below the
-// allowance: needsOrder did not order for it), and a period where it
-// charged no meter with an allowance takes no lock.
-func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time, deltas map[time.Time]*overage.Overage, extra []meterDelta) {
-	guarded := map[time.Time]bool{}
-	// The other meters with an allowance this transaction charged in an
-	// unordered period.
-	var extraPeriods []time.Time
-	var extraKeys []string
-	var extraIncs []int64
-	for _, d := range extra {
-		if inc := st.included[d.meter]; inc > 0 && !st.ordered[d.period] {
-			extraPeriods, extraKeys, extraIncs = append(extraPeriods, d.period), append(extraKeys, d.meter), append(extraIncs, inc)
-			guarded[d.period] = true
-		}
-	}
-	// The default meters': each unordered period's allowance of each
-	// default meter charged there (0: not charged, nothing to check).
-	var unordered []time.Time
-	var minIn, minOut []int64
-	for _, p := range periods {
-		if st.ordered[p] {
-			continue
-		}
-		var in, out int64
-		if deltas[p].InputTokens > 0 {
-			in = st.allowance.InputTokens
-		}
-		if deltas[p].OutputTokens > 0 {
-			out = st.allowance.OutputTokens
-		}
-		if in > 0 || out > 0 {
-			unordered, minIn, minOut = append(unordered, p), append(minIn, in), append(minOut, out)
-			guarded[p] = true
-		}
-	}
-	if len(guarded) == 0 {
-		return
-	}
-	type lock struct{ a, b int32 }
-	locks := make([]lock, 0, len(guarded))
-	for p := range guarded {
-		a, b := periodLockKey(tenantID, p)
-		locks = append(locks, lock{a, b})
-	}
-	slices.SortFunc(locks, func(x, y lock) int {
-		if c := cmp.Compare(x.a, y.a); c != 0 {
-			return c
-		}
-		return cmp.Compare(x.b, y.b)
-	})
-	for _, l := range locks {
-		b.Queue(`SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)`, l.a, l.b)
-	}
-	if len(unordered) > 0 {
-		b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
-				SELECT a.period_start FROM allowance_usage a
-				JOIN unnest($2::timestamptz[], $3::bigint[], $4::bigint[]) AS d (start, i, o) ON a.period_start = d.start
-				WHERE a.tenant_id = $1
-				GROUP BY a.period_start, d.i, d.o HAVING sum(a.input_tokens) < d.i OR sum(a.output_tokens) < d.o) AS given_back`,
-			pgUUID(tenantID), unordered, minIn, minOut)
-	}
-	if len(extraKeys) > 0 {
-		// The same for every other meter with an allowance: charged whole
-		// only because its total had reached it.
-		b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END
-			FROM unnest($2::timestamptz[], $3::text[], $4::bigint[]) AS a (start, meter, included)
-			WHERE (SELECT coalesce(sum(m.tokens), 0) FROM meter_usage m
-				WHERE m.tenant_id = $1 AND m.period_start = a.start AND m.meter = a.meter) < a.included`,
-			pgUUID(tenantID), extraPeriods, extraKeys, extraIncs)
-	}
-}
-
-// queueMeterTotals adds the tokens of the meters other than the defaults
-// to their period totals: an ordered period's slot 0, else the
-// transaction's slot, in (period, meter, slot) order, after
-// allowance_usage (every writer takes the two tables in that order).
-func queueMeterTotals(b *pgx.Batch, tenantID uuid.UUID, st *state, deltas []meterDelta) {
-	n := len(deltas)
-	starts, meters, slots, tokens := make([]time.Time, n), make([]string, n), make([]int16, n), make([]int64, n)
-	for i, d := range deltas {
-		starts[i], meters[i], tokens[i] = d.period, d.meter, d.tokens
-		if !st.ordered[d.period] {
-			slots[i] = st.slot
-		}
-	}
-	b.Queue(`INSERT INTO meter_usage AS a (tenant_id, period_start, meter, slot, tokens)
-		SELECT $1, d.start, d.meter, d.slot, d.tokens
-		FROM unnest($2::timestamptz[], $3::text[], $4::smallint[], $5::bigint[]) AS d (start, meter, slot, tokens)
-		ORDER BY d.start, d.meter COLLATE "C", d.slot
-		ON CONFLICT (tenant_id, period_start, meter, slot) DO UPDATE SET tokens = a.tokens + EXCLUDED.tokens`,
-		pgUUID(tenantID), starts, meters, slots, tokens)
+	return s.alerts.Record(ctx, tx, tenantID, w.meterUsage(st)...)
 }
 
 // nullID is id as an SQL argument, NULL for uuid.Nil.
@@ -1230,77 +576,6 @@ func (r storedResponse) replay(fp []byte, recorded map[uuid.UUID]*overage.UsageL
 	return out, nil
 }
 
-// logsByRequestIDSQL reads the tenant's logs recorded under the
-// request_ids in $2: one index probe a request_id, as idempotency.LookupSQL.
-var logsByRequestIDSQL = `SELECT ` + logColumns + `
-	FROM unnest($2::text[]) AS r (rid)
-	CROSS JOIN LATERAL (
-		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND l.request_id = r.rid LIMIT 1) AS u`
-
-const logColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
-	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
-	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
-	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
-	corrects, correction_reason, meter_keys, meter_tokens, meter_overage, meter_leads, meter_accepted_at, corrected_by,
-	coalesce(stripe_timestamp, 'usage')`
-
-func scanLog(row pgx.Row) (*overage.UsageLog, error) {
-	l := &overage.UsageLog{}
-	var inAt, outAt *time.Time
-	var inLead, outLead *uuid.UUID
-	var keys []string
-	var tokens, over []int64
-	var leads []pgtype.UUID
-	var accepted []pgtype.Timestamptz
-	if err := row.Scan(&l.ID, &l.TenantID, &l.RequestID, &l.Timestamp, &l.UserID, &l.ModelID, &l.InputTokens, &l.OutputTokens,
-		&l.CacheRead, &l.CacheWrite, &l.Reasoning,
-		&l.Overage.InputTokens, &l.Overage.OutputTokens, &l.BillingStatus, &l.BilledAt, &l.CreatedAt,
-		&l.FirstAttemptAt, &l.BillingMessage, &inAt, &outAt, &inLead, &outLead, &l.Corrects, &l.Reason,
-		&keys, &tokens, &over, &leads, &accepted, &l.CorrectedBy, &l.StripeTimestamp); err != nil {
-		return nil, err
-	}
-	lines, err := rowLines(l, inLead, outLead, inAt, outAt, keys, tokens, over, leads, accepted)
-	if err != nil {
-		return nil, err
-	}
-	l.Meters = lines
-	l.Kind = overage.KindUsage
-	if l.Corrects != nil {
-		l.Kind = overage.KindCorrection
-	}
-	l.Timestamp = l.Timestamp.UTC()
-	l.CreatedAt = l.CreatedAt.UTC()
-	l.StripeEvents = meterEvents(l.Overage, [2]*uuid.UUID{inLead, outLead}, [2]*time.Time{inAt, outAt})
-	return l, nil
-}
-
-// meterEvents names, per dimension with overage, the meter event that
-// carries it: the report led by leads[i] (nil until the log joins one), and
-// when Stripe accepted it.
-func meterEvents(o overage.Overage, leads [2]*uuid.UUID, accepted [2]*time.Time) []overage.StripeEvent {
-	n := 0
-	for _, d := range overage.Dimensions {
-		if o.Of(d) != 0 {
-			n++
-		}
-	}
-	if n == 0 {
-		return nil
-	}
-	out := make([]overage.StripeEvent, 0, n)
-	for i, d := range overage.Dimensions {
-		if v := o.Of(d); v != 0 {
-			e := overage.StripeEvent{Dimension: d, Value: v, AcceptedAt: accepted[i]}
-			if leads[i] != nil {
-				key := overage.MeterEventKey(*leads[i], d)
-				e.Identifier = &key
-			}
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
 // Get returns a usage log the caller may see: the owning tenant's, or any
 // for an administrator (tenantID nil).
 func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*overage.UsageLog, error) {
@@ -1331,9 +606,6 @@ func (s *Service) Get(ctx context.Context, id uuid.UUID, tenantID *uuid.UUID) (*
 	return l, nil
 }
 
-// getLogSQL reads the log $1.
-const getLogSQL = `SELECT ` + logColumns + ` FROM usage_logs WHERE id = $1`
-
 // readSettingsSQL opens the read-only transactions of GET requests: each
 // statement is planned for its arguments and the tables as they are (a
 // custom plan), never by a generic plan cached while the tables were
@@ -1358,8 +630,7 @@ func (s *Service) stripeTimestampNow(ctx context.Context, q overage.DB, l *overa
 		return nil
 	}
 	var closed bool
-	if err := q.QueryRow(ctx, `SELECT u.stripe_timestamp IS NULL AND `+usagelog.PeriodClosedSQL("u.tenant_id", "u.period_start", "$2")+`
-		FROM usage_logs u WHERE u.id = $1`, l.ID, s.closeGrace().Seconds()).Scan(&closed); err != nil {
+	if err := q.QueryRow(ctx, closedSinceSQL, l.ID, s.closeGrace().Seconds()).Scan(&closed); err != nil {
 		return fmt.Errorf("read whether the period of %s is closed: %w", l.ID, err)
 	}
 	if closed {
@@ -1398,37 +669,4 @@ func asRecorded(l *overage.UsageLog) *overage.UsageLog {
 	// Compact records are kept only of answers that said "usage".
 	then.StripeTimestamp = usagelog.TimestampUsage
 	return &then
-}
-
-// readRecordedLogs reads the logs of the live compact records among recs,
-// by id (none: no query).
-func readRecordedLogs(ctx context.Context, q overage.DB, recs map[string]storedResponse) (map[uuid.UUID]*overage.UsageLog, error) {
-	var ids pgArray[pgtype.UUID]
-	for _, r := range recs {
-		if logs, _, ok := r.compactLogs(); ok && !r.expired {
-			for _, id := range logs {
-				ids = append(ids, pgUUID(id))
-			}
-		}
-	}
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	rows, err := q.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = ANY($1)`, ids)
-	if err != nil {
-		return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
-	}
-	defer rows.Close()
-	out := make(map[uuid.UUID]*overage.UsageLog, len(ids))
-	for rows.Next() {
-		l, err := scanLog(rows)
-		if err != nil {
-			return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
-		}
-		out[l.ID] = l
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the usage logs of stored answers: %w", err)
-	}
-	return out, nil
 }

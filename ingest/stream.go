@@ -128,167 +128,218 @@ func scanStream(row pgx.Row) (*streamRow, error) {
 func (s *Service) checkpointOnce(ctx context.Context, p RecordParams) (*Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, lockTimeout)
 	defer cancel()
-	slot := s.slots.take()
-	defer s.slots.give(slot)
-	tx, err := s.pool.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("begin checkpoint: %w", err)
+	return s.executeDelta(ctx, p.TenantID, p.Key, p.Fingerprint, func(ctx context.Context, tx *pipeTx) (*deltaEffect, error) {
+		return s.checkpoint(ctx, tx, p)
+	})
+}
+
+// checkpoint is what a checkpoint records, read and decided in its
+// transaction: a duplicate of a plain event, a stale checkpoint, or the
+// stream's advance with the logs of its changes.
+func (s *Service) checkpoint(ctx context.Context, tx *pipeTx, p RecordParams) (*deltaEffect, error) {
+	rid := *p.Event.RequestID
+	if eff, err := s.plainDuplicate(ctx, tx, p.TenantID, rid); eff != nil || err != nil {
+		return eff, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	k, err := claimKey(ctx, tx, p.TenantID, p.Key, p.Fingerprint, slot)
+	st, err := lockStream(ctx, tx, p.TenantID, rid)
 	if err != nil {
 		return nil, err
 	}
-	if k.replay != nil {
-		return k.replay, nil
-	}
-	ev, cp, rid := p.Event, p.Event.Stream, *p.Event.RequestID
-
-	// A plain event recorded this request_id: the checkpoint is its
-	// duplicate, as a plain event would be.
-	l, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs
-		WHERE tenant_id = $1 AND request_id = $2 AND stream_request_id IS NULL`, p.TenantID, rid))
-	if err == nil {
-		if err := s.present(ctx, tx, l); err != nil {
-			return nil, err
-		}
-		out, err := renderSingle([]result{{log: l, duplicate: true}})
-		if err != nil {
-			return nil, err
-		}
-		return commitAnswer(ctx, tx, k, out)
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("read usage log by request_id: %w", err)
-	}
-	st, err := scanStream(tx.QueryRow(ctx, streamSQL+` FOR UPDATE`, p.TenantID, rid))
-	if errors.Is(err, pgx.ErrNoRows) {
-		// Two first checkpoints: the second's insert waits for the first's
-		// commit and does nothing; its read then sees the first's row.
-		if _, err := tx.Exec(ctx, `INSERT INTO usage_streams (tenant_id, request_id, sequence, input_tokens, output_tokens, last_checkpoint_at)
-			VALUES ($1, $2, -1, 0, 0, now()) ON CONFLICT DO NOTHING`, p.TenantID, rid); err != nil {
-			return nil, fmt.Errorf("start stream: %w", err)
-		}
-		st, err = scanStream(tx.QueryRow(ctx, streamSQL+` FOR UPDATE`, p.TenantID, rid))
-	}
-	if err != nil {
-		return nil, fmt.Errorf("lock stream: %w", err)
-	}
-
 	resp := checkpointResponse{Stream: st.totals}
+	cp := p.Event.Stream
 	if cp.Sequence <= st.totals.Sequence {
 		resp.Stale = true
-		return s.answerCheckpoint(ctx, tx, k, http.StatusOK, resp)
+		return answered(checkpointAnswer(http.StatusOK, resp))
 	}
-	if st.totals.Closed {
-		return nil, overage.Errorf(overage.ECONFLICT, "stream-closed",
-			"the stream %q is closed (final checkpoint %d, or idle past STREAM_IDLE_TIMEOUT): a newer checkpoint is not recorded", rid, st.totals.Sequence)
+	if err := checkAdvance(st, p.Event, rid); err != nil {
+		return nil, err
 	}
-	if !cp.Final {
-		var fields []overage.FieldError
-		if ev.InputTokens < st.totals.InputTokens {
-			fields = append(fields, overage.FieldError{Field: fieldInputTokens,
-				Detail: fmt.Sprintf("is below the stream's total %d: only the final checkpoint may lower a total", st.totals.InputTokens)})
-		}
-		if ev.OutputTokens < st.totals.OutputTokens {
-			fields = append(fields, overage.FieldError{Field: "output_tokens",
-				Detail: fmt.Sprintf("is below the stream's total %d: only the final checkpoint may lower a total", st.totals.OutputTokens)})
-		}
-		if len(fields) > 0 {
-			return nil, overage.Invalid(fields, "the checkpoint is invalid: %s", describe(fields))
-		}
-	}
-
-	var logs []*deltaLog
-	first := st.firstLog
 	cat, err := s.meters.Knowing(ctx, tx, nil)
 	if err != nil {
 		return nil, err
 	}
-	// What each meter gets: the cumulative totals (and parts) routed, less
-	// what the stream's logs put on each meter so far. The increases go in
-	// a usage log, the decreases (a final checkpoint lowering a total, or
-	// cached input growing its share) in a correction of the first log.
-	have, err := s.streamMeters(ctx, tx, p.TenantID, rid)
+	logs, first, err := s.streamChanges(ctx, tx, cat, p, st)
 	if err != nil {
 		return nil, err
 	}
+	ev := p.Event
+	return &deltaEffect{catalog: cat, logs: logs,
+		render: func() (*Outcome, error) {
+			resp.Stream = StreamTotals{Sequence: cp.Sequence, Final: cp.Final, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens, Closed: cp.Final}
+			status := http.StatusOK
+			if len(logs) > 0 {
+				status = http.StatusAccepted
+				f := false
+				resp.UsageLog, resp.Duplicate = logs[0].log, &f
+				if len(logs) > 1 {
+					resp.Correction = logs[1].log
+				}
+			}
+			return checkpointAnswer(status, resp)
+		},
+		after: func(b *pgx.Batch) {
+			b.Queue(`UPDATE usage_streams SET sequence = $3, input_tokens = $4, output_tokens = $5, final = $6,
+					closed_at = CASE WHEN $6 THEN now() END, closed_by = CASE WHEN $6 THEN 'final' END,
+					last_checkpoint_at = now(), first_usage_log_id = $7
+				WHERE tenant_id = $1 AND request_id = $2`,
+				p.TenantID, rid, cp.Sequence, ev.InputTokens, ev.OutputTokens, cp.Final, first)
+		}}, nil
+}
+
+// answered is an effect that records nothing and answers out.
+func answered(out *Outcome, err error) (*deltaEffect, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &deltaEffect{render: func() (*Outcome, error) { return out, nil }}, nil
+}
+
+// plainDuplicate answers a checkpoint whose request_id a plain event
+// recorded: its duplicate, as a plain event would be (nil: none).
+func (s *Service) plainDuplicate(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, rid string) (*deltaEffect, error) {
+	l, err := scanLog(tx.QueryRow(ctx, plainLogByRequestIDSQL, tenantID, rid))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read usage log by request_id: %w", err)
+	}
+	if err := s.present(ctx, tx, l); err != nil {
+		return nil, err
+	}
+	return answered(renderSingle([]result{{log: l, duplicate: true}}))
+}
+
+// lockStream locks the stream's row, starting the stream if it has none.
+func lockStream(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, rid string) (*streamRow, error) {
+	st, err := scanStream(tx.QueryRow(ctx, streamSQL+` FOR UPDATE`, tenantID, rid))
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Two first checkpoints: the second's insert waits for the first's
+		// commit and does nothing; its read then sees the first's row.
+		if _, err := tx.Exec(ctx, `INSERT INTO usage_streams (tenant_id, request_id, sequence, input_tokens, output_tokens, last_checkpoint_at)
+			VALUES ($1, $2, -1, 0, 0, now()) ON CONFLICT DO NOTHING`, tenantID, rid); err != nil {
+			return nil, fmt.Errorf("start stream: %w", err)
+		}
+		st, err = scanStream(tx.QueryRow(ctx, streamSQL+` FOR UPDATE`, tenantID, rid))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock stream: %w", err)
+	}
+	return st, nil
+}
+
+// checkAdvance refuses a newer checkpoint of a closed stream, and one
+// that lowers a total without being final.
+func checkAdvance(st *streamRow, ev *Event, rid string) error {
+	if st.totals.Closed {
+		return overage.Errorf(overage.ECONFLICT, "stream-closed",
+			"the stream %q is closed (final checkpoint %d, or idle past STREAM_IDLE_TIMEOUT): a newer checkpoint is not recorded", rid, st.totals.Sequence)
+	}
+	if ev.Stream.Final {
+		return nil
+	}
+	var fields []overage.FieldError
+	if ev.InputTokens < st.totals.InputTokens {
+		fields = append(fields, overage.FieldError{Field: fieldInputTokens,
+			Detail: fmt.Sprintf("is below the stream's total %d: only the final checkpoint may lower a total", st.totals.InputTokens)})
+	}
+	if ev.OutputTokens < st.totals.OutputTokens {
+		fields = append(fields, overage.FieldError{Field: "output_tokens",
+			Detail: fmt.Sprintf("is below the stream's total %d: only the final checkpoint may lower a total", st.totals.OutputTokens)})
+	}
+	if len(fields) > 0 {
+		return overage.Invalid(fields, "the checkpoint is invalid: %s", describe(fields))
+	}
+	return nil
+}
+
+// streamChanges are the logs of a checkpoint's changes and the stream's
+// first log afterwards. What each meter gets: the cumulative totals (and
+// parts) routed, less what the stream's logs put on each meter so far. The
+// increases go in a usage log, the decreases (a final checkpoint lowering
+// a total, or cached input growing its share) in a correction of the
+// first log.
+func (s *Service) streamChanges(ctx context.Context, tx *pipeTx, cat *overage.Catalog, p RecordParams, st *streamRow) ([]*deltaLog, *uuid.UUID, error) {
+	ev, rid := p.Event, *p.Event.RequestID
+	have, err := s.streamMeters(ctx, tx, p.TenantID, rid)
+	if err != nil {
+		return nil, nil, err
+	}
 	upLines, downLines := splitDeltas(cat.Route(ev.ModelID).Lines(overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)), have)
-	up, down := dimensions(cat, upLines), dimensions(cat, downLines)
+	var logs []*deltaLog
+	first := st.firstLog
 	if billableTokens(upLines) {
-		var period time.Time
-		var closed bool
-		if err := tx.QueryRow(ctx, `SELECT p.start, `+usagelog.PeriodClosedSQL("$1", "p.start", "$3")+`
-			FROM (SELECT `+periodOfSQL("$2::timestamptz")+` AS start) p`, p.TenantID, ev.Timestamp, s.closeGrace().Seconds()).Scan(&period, &closed); err != nil {
-			return nil, fmt.Errorf("read allowance period: %w", err)
-		}
-		id, err := uuid.NewV7()
+		up, err := s.streamIncrease(ctx, tx, p, dimensions(cat, upLines))
 		if err != nil {
-			return nil, fmt.Errorf("usage log id: %w", err)
-		}
-		l := &overage.UsageLog{ID: id, TenantID: p.TenantID, Timestamp: ev.Timestamp, UserID: ev.UserID, ModelID: ev.ModelID,
-			InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage, StripeTimestamp: usagelog.TimestampUsage}
-		if closed {
-			l.StripeTimestamp = usagelog.TimestampReported
+			return nil, nil, err
 		}
 		if first == nil {
 			// The stream's first log carries its request_id: a plain event
 			// with it is then a duplicate.
-			l.RequestID, first = &rid, &id
+			up.log.RequestID, first = &rid, &up.log.ID
 		}
-		logs = append(logs, &deltaLog{log: l, period: period.UTC(), streamRID: &rid, lines: upLines})
+		up.lines = upLines
+		logs = append(logs, up)
 	}
 	if billableTokens(downLines) {
-		// Totals above zero were recorded, so the first log exists.
-		orig, err := scanLog(tx.QueryRow(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE id = $1 FOR UPDATE`, *st.firstLog))
+		down, err := s.streamDecrease(ctx, tx, p, *st.firstLog, dimensions(cat, downLines))
 		if err != nil {
-			return nil, fmt.Errorf("lock the stream's first usage log: %w", err)
+			return nil, nil, err
 		}
-		if err := s.present(ctx, tx, orig); err != nil {
-			return nil, err
-		}
-		// The stream's own key lowers what it recorded while the stream
-		// is open (STREAM_IDLE_TIMEOUT): part of recording the call, not
-		// a refund after the fact, so no period-closed check.
-		by := p.KeyID.String()
-		c, _, err := correctionOf(ctx, tx, orig, down, fmt.Sprintf("final checkpoint %d of stream %s lowered its totals", cp.Sequence, rid),
-			by, true, s.closeGrace())
-		if err != nil {
-			return nil, err
-		}
-		c.streamRID = &rid
-		c.lines = downLines
-		logs = append(logs, c)
+		down.lines = downLines
+		logs = append(logs, down)
 	}
-	for _, d := range logs {
-		if err := d.compute(ctx, tx, cat); err != nil {
-			return nil, err
-		}
-	}
-	if err := writeDeltaLogs(ctx, tx, s.outbox, s.alerts, p.TenantID, logs); err != nil {
-		return nil, err
-	}
-	if _, err := tx.Exec(ctx, `UPDATE usage_streams SET sequence = $3, input_tokens = $4, output_tokens = $5, final = $6,
-			closed_at = CASE WHEN $6 THEN now() END, closed_by = CASE WHEN $6 THEN 'final' END,
-			last_checkpoint_at = now(), first_usage_log_id = $7
-		WHERE tenant_id = $1 AND request_id = $2`,
-		p.TenantID, rid, cp.Sequence, ev.InputTokens, ev.OutputTokens, cp.Final, first); err != nil {
-		return nil, fmt.Errorf("advance stream: %w", err)
-	}
-	resp.Stream = StreamTotals{Sequence: cp.Sequence, Final: cp.Final, InputTokens: ev.InputTokens, OutputTokens: ev.OutputTokens, Closed: cp.Final}
-	status := http.StatusOK
-	if len(logs) > 0 {
-		status = http.StatusAccepted
-		f := false
-		resp.UsageLog, resp.Duplicate = logs[0].log, &f
-		if len(logs) > 1 {
-			resp.Correction = logs[1].log
-		}
-	}
-	return s.answerCheckpoint(ctx, tx, k, status, resp)
+	return logs, first, nil
 }
 
-func (s *Service) answerCheckpoint(ctx context.Context, tx pgx.Tx, k *keyClaim, status int, resp checkpointResponse) (*Outcome, error) {
+// streamIncrease is the usage log of a checkpoint's increases up, in the
+// allowance period of the event's timestamp.
+func (s *Service) streamIncrease(ctx context.Context, tx *pipeTx, p RecordParams, up overage.Overage) (*deltaLog, error) {
+	ev, rid := p.Event, *p.Event.RequestID
+	var period time.Time
+	var closed bool
+	if err := tx.QueryRow(ctx, `SELECT p.start, `+usagelog.PeriodClosedSQL("$1", "p.start", "$3")+`
+		FROM (SELECT `+periodOfSQL("$2::timestamptz")+` AS start) p`, p.TenantID, ev.Timestamp, s.closeGrace().Seconds()).Scan(&period, &closed); err != nil {
+		return nil, fmt.Errorf("read allowance period: %w", err)
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("usage log id: %w", err)
+	}
+	l := &overage.UsageLog{ID: id, TenantID: p.TenantID, Timestamp: ev.Timestamp, UserID: ev.UserID, ModelID: ev.ModelID,
+		InputTokens: up.InputTokens, OutputTokens: up.OutputTokens, Kind: overage.KindUsage, StripeTimestamp: usagelog.TimestampUsage}
+	if closed {
+		l.StripeTimestamp = usagelog.TimestampReported
+	}
+	return &deltaLog{log: l, period: period.UTC(), streamRID: &rid}, nil
+}
+
+// streamDecrease is the correction of the stream's first log by a final
+// checkpoint's decreases down (totals above zero were recorded, so the
+// first log exists).
+func (s *Service) streamDecrease(ctx context.Context, tx *pipeTx, p RecordParams, firstLog uuid.UUID, down overage.Overage) (*deltaLog, error) {
+	rid := *p.Event.RequestID
+	orig, err := scanLog(tx.QueryRow(ctx, lockLogSQL, firstLog))
+	if err != nil {
+		return nil, fmt.Errorf("lock the stream's first usage log: %w", err)
+	}
+	if err := s.present(ctx, tx, orig); err != nil {
+		return nil, err
+	}
+	// The stream's own key lowers what it recorded while the stream is
+	// open (STREAM_IDLE_TIMEOUT): part of recording the call, not a refund
+	// after the fact, so no period-closed check.
+	reason := fmt.Sprintf("final checkpoint %d of stream %s lowered its totals", p.Event.Stream.Sequence, rid)
+	c, _, err := correctionOf(ctx, tx, orig, down, reason, p.KeyID.String(), true, s.closeGrace())
+	if err != nil {
+		return nil, err
+	}
+	c.streamRID = &rid
+	return c, nil
+}
+
+// checkpointAnswer renders a checkpoint's answer.
+func checkpointAnswer(status int, resp checkpointResponse) (*Outcome, error) {
 	body, err := json.Marshal(resp)
 	if err != nil {
 		return nil, fmt.Errorf("render checkpoint: %w", err)
@@ -298,17 +349,6 @@ func (s *Service) answerCheckpoint(ctx context.Context, tx pgx.Tx, k *keyClaim, 
 		out.UsageLogID = resp.UsageLog.ID
 	} else {
 		out.Kind = OutcomeDuplicate
-	}
-	return commitAnswer(ctx, tx, k, out)
-}
-
-// commitAnswer stores the answer under the key and commits.
-func commitAnswer(ctx context.Context, tx pgx.Tx, k *keyClaim, out *Outcome) (*Outcome, error) {
-	if err := k.store(ctx, tx, out); err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return out, nil
 }
@@ -330,12 +370,6 @@ type RequestUsage struct {
 type requestKey struct {
 	ID uuid.UUID `json:"i"`
 }
-
-// byRequestIDSQL is a page of the logs of tenant $1 under request_id $2
-// (a stream's, or the one recorded under it) after id $3, at most $4.
-const byRequestIDSQL = `SELECT ` + logColumns + ` FROM usage_logs
-		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) AND ($3::uuid IS NULL OR id > $3)
-		ORDER BY id LIMIT $4`
 
 // ByRequestID lists what the tenant recorded under a request_id: one page
 // of the logs, oldest first, and the stream's totals on every page.
@@ -427,8 +461,8 @@ func (h *Handler) listByRequestID(w http.ResponseWriter, r *http.Request) {
 
 // streamMeters sums, per meter, the tokens the stream's logs (its usage
 // logs and the corrections its final checkpoints made) put on it.
-func (s *Service) streamMeters(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, rid string) (map[string]int64, error) {
-	rows, err := tx.Query(ctx, `SELECT `+logColumns+` FROM usage_logs WHERE tenant_id = $1 AND stream_request_id = $2`, tenantID, rid)
+func (s *Service) streamMeters(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, rid string) (map[string]int64, error) {
+	rows, err := tx.Query(ctx, streamLogsSQL, tenantID, rid)
 	if err != nil {
 		return nil, fmt.Errorf("read the stream's usage logs: %w", err)
 	}

@@ -1,0 +1,36 @@
+package usagelog
+
+// InsertSQL records usage logs: every usage_logs row ingest adds (new
+// events, a stream's increases, corrections) goes through it, one row per
+// element of its arrays, in request_id order (two transactions sharing
+// request_ids then wait for each other instead of deadlocking). Each row's
+// values are columns of one unnest, not subscripts of the arrays.
+//
+// $1 the tenant; per log: $2 id, $3 request_id, $4 ts, $5 user_id,
+// $6 model_id, $7 input_tokens, $8 output_tokens, $9 period_start,
+// $10 overage_input_tokens, $11 overage_output_tokens, $12 billing_status;
+// $13 created_at (the transaction's now()). The rare columns are arrays
+// that may be NULL as a whole (unnest then gives every log NULL): $14 to
+// $16 the token parts (cache read, cache write, reasoning), $22 whether
+// the log is reported at send time (stripe_timestamp 'reported': its
+// period is closed), $23 corrects, $24 correction_reason,
+// $25 stream_request_id, $26 corrected_by. The lines of the meters other
+// than the defaults are flat: $17 each log's meter keys joined by commas
+// (NULL: none), $18 and $19 the tokens and overage of every log's lines,
+// $20 and $21 each log's offset and count in them.
+const InsertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+		period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
+		cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
+		meter_keys, meter_tokens, meter_overage, stripe_timestamp,
+		corrects, correction_reason, stream_request_id, corrected_by)
+	SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13, u.cr, u.cw, u.rs,
+		string_to_array(u.mk, ','),
+		CASE WHEN u.cnt > 0 THEN ($18::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
+		CASE WHEN u.cnt > 0 THEN ($19::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
+		CASE WHEN u.reported THEN 'reported' END,
+		u.corrects, u.reason, u.srid, u.cby
+	FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
+		$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[], $14::bigint[], $15::bigint[], $16::bigint[],
+		$17::text[], $20::int[], $21::int[], $22::bool[], $23::uuid[], $24::text[], $25::text[], $26::text[])
+		AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, cr, cw, rs, mk, lo, cnt, reported, corrects, reason, srid, cby)
+	ORDER BY u.rid COLLATE "C"`
