@@ -25,7 +25,7 @@ func TestIngestTablesHaveOneOwner(t *testing.T) {
 	}{
 		{"usage log inserts", regexp.MustCompile(`(?i)INSERT\s+INTO\s+usage_logs\b`), []string{"usagelog/insert.go"}},
 		{"idempotency record SQL", regexp.MustCompile(`(?i)(INTO|FROM|UPDATE|TABLE|LIKE)\s+idempotency_keys\b`),
-			[]string{"idempotency/sql.go", "idempotency/partitions.go"}},
+			[]string{"idempotency/records.go", "idempotency/partitions.go"}},
 		{"period total writes", regexp.MustCompile(`(?i)(INTO|UPDATE|DELETE\s+FROM)\s+(allowance_usage|meter_usage)\b`), []string{"ingest/totals.go"}},
 	}
 	found := make([][]string, len(owners))
