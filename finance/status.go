@@ -244,7 +244,7 @@ SELECT coalesce(sum(b.usage_logs), 0)::bigint,
 	coalesce(sum(b.overage_output_tokens), 0)::bigint,
 	coalesce(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
 	coalesce(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-	(SELECT min(u.created_at) FROM usage_logs u WHERE ` + usagelog.Is("u.billing_status", usagelog.StatusPending) + `)
+	` + usagelog.OldestPendingSQL + `
 FROM billing_counters b`
 
 // statusKey is the cursor of a page of the report: the last tenant's
