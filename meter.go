@@ -254,7 +254,10 @@ type MeterTokens struct {
 // meters first (always both, so a log of the defaults reads as before),
 // then every other meter fed, in token type order.
 func (r Routing) Lines(amounts [NumTokenTypes]int64) []MeterTokens {
-	out := []MeterTokens{{Meter: MeterInput}, {Meter: MeterOutput}}
+	// Room for every line at once: growing from the two defaults took
+	// three allocations an event of three meters.
+	out := make([]MeterTokens, 2, 2+NumTokenTypes)
+	out[0].Meter, out[1].Meter = MeterInput, MeterOutput
 	for i, m := range r {
 		switch m {
 		case MeterInput:
@@ -311,8 +314,12 @@ type MeterLine struct {
 // lines name must be in the catalog.
 func (c *Catalog) Present(l *UsageLog) {
 	var dims Overage
+	n := 0 // lines with overage: the meter events
 	for i := range l.Meters {
 		ln := &l.Meters[i]
+		if ln.Overage != 0 {
+			n++
+		}
 		m, ok := c.all[ln.Meter]
 		if ok {
 			ln.EventName = m.EventName
@@ -335,7 +342,11 @@ func (c *Catalog) Present(l *UsageLog) {
 		}
 	}
 	l.Overage = dims
+	// One allocation for the events, not one per doubling.
 	l.StripeEvents = l.StripeEvents[:0]
+	if cap(l.StripeEvents) < n {
+		l.StripeEvents = make([]StripeEvent, 0, n)
+	}
 	for _, ln := range l.Meters {
 		if ln.Overage != 0 {
 			l.StripeEvents = append(l.StripeEvents, StripeEvent{Dimension: Dimension(ln.Meter), Identifier: ln.Identifier,

@@ -84,9 +84,9 @@ type UsageLog struct {
 	// Meters is one line per meter the log feeds: the two default meters
 	// first, then any other (see Catalog.Route).
 	Meters []MeterLine `json:"meters,omitempty"`
-	// Kind is "usage", or "correction" for a log that corrects another
-	// (Corrects) by the token difference it holds.
-	Kind     string     `json:"kind"`
+	// Kind is KindUsage, or KindCorrection for a log that corrects
+	// another (Corrects) by the token difference it holds.
+	Kind     Kind       `json:"kind"`
 	Corrects *uuid.UUID `json:"corrects,omitempty"`
 	Reason   *string    `json:"reason,omitempty"`
 	// CorrectedBy is who made a correction: the id of the tenant's API
@@ -125,10 +125,13 @@ func (p TokenParts) Input() int64 {
 	return n
 }
 
-// Kinds of usage log.
+// Kind is what a usage log records: usage, or a correction of another
+// log.
+type Kind string
+
 const (
-	KindUsage      = "usage"
-	KindCorrection = "correction"
+	KindUsage      Kind = "usage"
+	KindCorrection Kind = "correction"
 )
 
 // Overage is the billable part of a usage log, per dimension.

@@ -24,6 +24,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/rivertype"
+
+	"github.com/overage-billing/overage/tenants"
 )
 
 // Meter keys of the two default meters.
@@ -226,9 +228,9 @@ func (r *Recorder) thresholds(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID
 		return ta, nil
 	}
 	ta = tenantAlerts{loaded: now}
-	if err := tx.QueryRow(ctx, `SELECT coalesce(alert_thresholds, '{}'), alert_url IS NOT NULL FROM tenants WHERE id = $1`, tenantID).
-		Scan(&ta.thresholds, &ta.hasURL); err != nil && err != pgx.ErrNoRows {
-		return ta, fmt.Errorf("read alert thresholds: %w", err)
+	var err error
+	if ta.thresholds, ta.hasURL, err = tenants.AlertSettings(ctx, tx, tenantID); err != nil {
+		return ta, err
 	}
 	r.mu.Lock()
 	if len(r.cache) > 100_000 { // bounded: tenants come and go

@@ -76,7 +76,7 @@ func newWorldTB(t testing.TB, o worldOpts) *world {
 		})
 	}
 	w.river = rc
-	w.svc = app.NewIngest(pool, rc, &app.Config{ReportMaxAttempts: 5, ReportBatchDelay: time.Second, IngestCoalesce: ingest.DefaultGroupsInFlight})
+	w.svc = app.NewIngest(pool, rc, &app.IngestConfig{Report: app.ReportConfig{MaxAttempts: 5, BatchDelay: time.Second}, Coalesce: ingest.DefaultGroupsInFlight})
 	w.addTenant(t, o)
 	return w
 }
@@ -576,7 +576,7 @@ func TestUsageEqualsTheSumOfTheLogs(t *testing.T) {
 		if !period.Equal(month) {
 			path += "?period_start=" + period.Format(time.RFC3339)
 		}
-		var got alerts.UsageReport
+		var got alerts.PeriodUsage
 		if code := get(t, h, path, w.key, &got); code != http.StatusOK {
 			t.Fatalf("GET %s: %d", path, code)
 		}
@@ -587,7 +587,7 @@ func TestUsageEqualsTheSumOfTheLogs(t *testing.T) {
 			t.Errorf("GET %s:\n got  %+v\n want %+v", path, got.Meters, want)
 		}
 		// The administrator reads the same with ?tenant_id=.
-		var admin alerts.UsageReport
+		var admin alerts.PeriodUsage
 		sep := "?"
 		if strings.Contains(path, "?") {
 			sep = "&"

@@ -2,9 +2,7 @@ package alerts
 
 import (
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -13,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/overage-billing/overage/tenants"
 )
 
 // Event is a threshold event as delivered and listed.
@@ -46,17 +46,9 @@ const (
 	EventIDHeader   = "Overage-Event-Id"
 )
 
-// secretPrefix marks a signing secret.
-const secretPrefix = "whsec_"
-
-// NewSecret returns a new signing secret: "whsec_" and 32 random bytes.
-func NewSecret() (string, error) {
-	var raw [32]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return "", err
-	}
-	return secretPrefix + base64.RawURLEncoding.EncodeToString(raw[:]), nil
-}
+// NewSecret returns a new signing secret: "whsec_" and 32 random bytes
+// (tenants.NewAlertSecret, which issues each endpoint's).
+func NewSecret() (string, error) { return tenants.NewAlertSecret() }
 
 // Sign returns the Overage-Signature of body at t: "t=<unix>,v1=<hex
 // HMAC-SHA256 of "<t>.<body>" keyed with the whole secret>".

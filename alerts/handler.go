@@ -103,8 +103,8 @@ type Period struct {
 	End   time.Time `json:"end"`
 }
 
-// UsageReport is the answer of GET /v1/usage.
-type UsageReport struct {
+// PeriodUsage is the answer of GET /v1/usage.
+type PeriodUsage struct {
 	TenantID uuid.UUID    `json:"tenant_id"`
 	Period   Period       `json:"period"`
 	Meters   []MeterUsage `json:"meters"`
@@ -161,32 +161,32 @@ const usageSQL = `
 // ReadUsage reads a tenant's period so far; periodStart nil is the current
 // period. eventNames names the default meters' Stripe meter event names
 // (the catalog holds the others').
-func ReadUsage(ctx context.Context, db overage.DB, tenantID uuid.UUID, periodStart *time.Time, eventNames map[string]string) (*UsageReport, error) {
+func ReadUsage(ctx context.Context, db overage.DB, tenantID uuid.UUID, periodStart *time.Time, eventNames map[string]string) (*PeriodUsage, error) {
 	rows, err := db.Query(ctx, usageSQL, tenantID, periodStart)
 	if err != nil {
 		return nil, fmt.Errorf("read usage: %w", err)
 	}
 	defer rows.Close()
-	rep := &UsageReport{TenantID: tenantID, Meters: []MeterUsage{}}
+	pu := &PeriodUsage{TenantID: tenantID, Meters: []MeterUsage{}}
 	for rows.Next() {
 		var m MeterUsage
-		if err := rows.Scan(&rep.Period.Start, &rep.Period.End, &m.Meter, &m.EventName, &m.Included, &m.Used, &m.Overage, &m.Billed, &m.Pending); err != nil {
+		if err := rows.Scan(&pu.Period.Start, &pu.Period.End, &m.Meter, &m.EventName, &m.Included, &m.Used, &m.Overage, &m.Billed, &m.Pending); err != nil {
 			return nil, fmt.Errorf("read usage: %w", err)
 		}
 		if m.EventName == "" {
 			m.EventName = eventNames[m.Meter]
 		}
 		m.Remaining = max(0, m.Included-m.Used)
-		rep.Meters = append(rep.Meters, m)
+		pu.Meters = append(pu.Meters, m)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read usage: %w", err)
 	}
-	if len(rep.Meters) == 0 {
+	if len(pu.Meters) == 0 {
 		return nil, overage.NotFound("tenant %s not found", tenantID)
 	}
-	rep.Period.Start, rep.Period.End = rep.Period.Start.UTC(), rep.Period.End.UTC()
-	return rep, nil
+	pu.Period.Start, pu.Period.End = pu.Period.Start.UTC(), pu.Period.End.UTC()
+	return pu, nil
 }
 
 func (h *Handler) usage(w http.ResponseWriter, r *http.Request) {
@@ -205,13 +205,13 @@ func (h *Handler) usage(w http.ResponseWriter, r *http.Request) {
 		t = t.UTC()
 		ps = &t
 	}
-	rep, err := ReadUsage(r.Context(), h.cfg.DB, tenant, ps, h.cfg.EventNames)
+	pu, err := ReadUsage(r.Context(), h.cfg.DB, tenant, ps, h.cfg.EventNames)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	httpx.JSON(w, http.StatusOK, rep)
+	httpx.JSON(w, http.StatusOK, pu)
 }
 
 // Delivery is an event's delivery status.

@@ -44,7 +44,7 @@ func TestPerModelMeterUsageAndThresholds(t *testing.T) {
 	if len(ev) != 1 || ev[0].meter != "gpt4o_input" || ev[0].pct != 80 || ev[0].used != 900 {
 		t.Fatalf("events %+v, want gpt4o_input at 80 with 900 used", ev)
 	}
-	var got alerts.UsageReport
+	var got alerts.PeriodUsage
 	if code := get(t, handler(w), "/v1/usage", w.key, &got); code != http.StatusOK {
 		t.Fatalf("GET /v1/usage: %d", code)
 	}

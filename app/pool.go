@@ -14,7 +14,7 @@ import (
 // Default pool sizes, a connection budget: two `serve` and two `work`
 // replicas, and a CLI command, fit in PostgreSQL's default
 // max_connections (100, of which 3 are reserved for superusers) with room
-// for an operator's psql and a migration: 2 x 18 + 2 x 20 + 4 = 80 of 97.
+// for an operator's psql and a migration: 2 x 19 + 2 x 21 + 4 = 84 of 97.
 // Neither process needs many: an ingest transaction holds its connection
 // for a millisecond or two and coalesces a tenant's events, and a report
 // job holds none while it waits for Stripe, so past about twice the
@@ -30,11 +30,17 @@ const (
 	// ServeMetricsMaxConns is the pool of /metrics' backlog gauges, read
 	// at most once per metrics.BacklogCacheTTL.
 	ServeMetricsMaxConns = 1
+	// BatchDelayConns is the idle connection, outside the pools, that
+	// holds a serve's or work's claim of its REPORT_BATCH_DELAY
+	// (batchdelay.go).
+	BatchDelayConns = 1
 	// ServeMaxConns is every connection one `serve` may open.
-	ServeMaxConns = ServeAPIMaxConns + ServeAdminMaxConns + ServeMetricsMaxConns
-	// WorkMaxConns is the pool of one `work` (report jobs, the sweep,
+	ServeMaxConns = ServeAPIMaxConns + ServeAdminMaxConns + ServeMetricsMaxConns + BatchDelayConns
+	// WorkPoolMaxConns is the pool of one `work` (report jobs, the sweep,
 	// maintenance, webhooks, River's own).
-	WorkMaxConns = 20
+	WorkPoolMaxConns = 20
+	// WorkMaxConns is every connection one `work` may open.
+	WorkMaxConns = WorkPoolMaxConns + BatchDelayConns
 	// ToolMaxConns is the pool of a CLI command.
 	ToolMaxConns = 4
 )

@@ -81,12 +81,16 @@ type Server struct {
 	ln     net.Listener
 	http   *http.Server
 	logger *slog.Logger
+	// claim is serve's REPORT_BATCH_DELAY (batchdelay.go), nil on a pool
+	// the caller owns.
+	claim *BatchDelayClaim
 }
 
 // NewServer connects, checks the schema is migrated (CheckSchema),
 // listens and wires the API; Run serves it. It warns when its pools
-// (ServeMaxConns) cannot fit in the server's max_connections.
-func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, error) {
+// (ServeMaxConns) cannot fit in the server's max_connections, and logs an
+// error when a live work or serve runs with another REPORT_BATCH_DELAY.
+func NewServer(ctx context.Context, cfg *ServeConfig, logger *slog.Logger) (*Server, error) {
 	var pools []*pgxpool.Pool
 	closeAll := func() {
 		for _, p := range pools {
@@ -94,7 +98,7 @@ func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, 
 		}
 	}
 	for _, n := range []int32{ServeAPIMaxConns, ServeAdminMaxConns, ServeMetricsMaxConns} {
-		p, err := OpenPool(ctx, cfg.DatabaseURL, n)
+		p, err := OpenPool(ctx, cfg.DB.URL, n)
 		if err != nil {
 			closeAll()
 			return nil, err
@@ -111,24 +115,30 @@ func NewServer(ctx context.Context, cfg *Config, logger *slog.Logger) (*Server, 
 	for _, p := range pools {
 		total += int(p.Config().MaxConns)
 	}
-	WarnConnectionBudget(ctx, pools[0], total, logger)
-	s, err := wireServer(pools[0], pools[1], pools[2], cfg, logger)
+	WarnConnectionBudget(ctx, pools[0], total+BatchDelayConns, logger)
+	claim, err := CheckBatchDelay(ctx, cfg.DB.URL, "serve", cfg.Ingest.Report.BatchDelay, logger)
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
-	s.ownsPool = true
+	s, err := wireServer(pools[0], pools[1], pools[2], cfg, logger)
+	if err != nil {
+		claim.Close()
+		closeAll()
+		return nil, err
+	}
+	s.ownsPool, s.claim = true, claim
 	return s, nil
 }
 
 // NewServerOn wires the API on a pool the caller owns.
-func NewServerOn(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
+func NewServerOn(pool *pgxpool.Pool, cfg *ServeConfig, logger *slog.Logger) (*Server, error) {
 	return wireServer(pool, pool, pool, cfg, logger)
 }
 
 // wireServer wires the API on pool, the finance report on adminPool and
 // the metrics' backlog gauges on metricsPool.
-func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger *slog.Logger) (*Server, error) {
+func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *ServeConfig, logger *slog.Logger) (*Server, error) {
 	// Insert-only: `serve` runs no workers, it only puts jobs in the
 	// outbox inside its transactions.
 	rc, err := NewInsertClient(pool, logger)
@@ -148,8 +158,8 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 		_ = ln.Close()
 		return nil, fmt.Errorf("river ui: %w", err)
 	}
-	svc := NewIngest(pool, rc, cfg)
-	ts, err := NewTenants(pool, rc, cfg, logger)
+	svc := NewIngest(pool, rc, &cfg.Ingest)
+	ts, err := NewTenants(pool, rc, cfg.Stripe, cfg.Ingest.Report, logger)
 	if err != nil {
 		_ = ln.Close()
 		return nil, err
@@ -166,11 +176,11 @@ func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *Config, logger 
 			tenants.NewHandler(tenants.HandlerConfig{Store: ts, AdminToken: cfg.AdminToken, Logger: logger,
 				OnUpdate: svc.Alerts().Forget}),
 			meters.NewHandler(meters.HandlerConfig{
-				Store: meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent), AdminToken: cfg.AdminToken, Logger: logger,
+				Store: meters.NewStore(pool, cfg.Ingest.Meters.InputEvent, cfg.Ingest.Meters.OutputEvent), AdminToken: cfg.AdminToken, Logger: logger,
 			}),
 			alerts.NewHandler(alerts.HandlerConfig{DB: pool, Auth: ts, AdminToken: cfg.AdminToken, Logger: logger,
-				EventNames: map[string]string{alerts.MeterInput: cfg.MeterInputEvent, alerts.MeterOutput: cfg.MeterOutputEvent}}),
-			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.StripeWebhookSecret, Logger: logger}),
+				EventNames: map[string]string{alerts.MeterInput: cfg.Ingest.Meters.InputEvent, alerts.MeterOutput: cfg.Ingest.Meters.OutputEvent}}),
+			webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: cfg.WebhookSecret, Logger: logger}),
 		},
 		Metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		RiverUI:    ui,
@@ -226,6 +236,7 @@ func (s *Server) Pools() (api, admin *pgxpool.Pool) { return s.pool, s.adminPool
 
 // Close releases the database pools, if the server opened them.
 func (s *Server) Close() {
+	s.claim.Close()
 	if s.ownsPool {
 		s.pool.Close()
 		s.adminPool.Close()
@@ -278,13 +289,14 @@ func NewInsertClient(pool *pgxpool.Pool, logger *slog.Logger) (*river.Client[pgx
 	return rc, nil
 }
 
-// NewIngest is the ingest service of `overage serve`: its report jobs go
-// in through rc with cfg's attempts and batch delay.
-func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *ingest.Service {
-	svc := ingest.NewService(pool, NewInserter(rc, cfg))
-	in, out := cmp.Or(cfg.MeterInputEvent, overage.DefaultMeterInputEvent), cmp.Or(cfg.MeterOutputEvent, overage.DefaultMeterOutputEvent)
+// NewIngest is the ingest service of `overage serve` and `overage
+// correct`: its report jobs go in through rc with cfg's attempts and batch
+// delay.
+func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *IngestConfig) *ingest.Service {
+	svc := ingest.NewService(pool, NewInserter(rc, cfg.Report))
+	in, out := cmp.Or(cfg.Meters.InputEvent, overage.DefaultMeterInputEvent), cmp.Or(cfg.Meters.OutputEvent, overage.DefaultMeterOutputEvent)
 	svc.UseMeters(meters.NewStore(pool, in, out))
-	svc.SetCoalescing(cfg.IngestCoalesce)
+	svc.SetCoalescing(cfg.Coalesce)
 	svc.SetPeriodCloseGrace(cfg.PeriodCloseGrace)
 	svc.SetAlerts(alerts.NewRecorder(rc))
 	return svc
@@ -292,6 +304,6 @@ func NewIngest(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config) *inges
 
 // NewInserter puts report jobs in the outbox through rc with cfg's
 // attempts (REPORT_MAX_ATTEMPTS) and batch delay (REPORT_BATCH_DELAY).
-func NewInserter(rc *river.Client[pgx.Tx], cfg *Config) *outbox.Inserter {
-	return outbox.NewInserter(rc, cfg.ReportMaxAttempts).WithBatchDelay(cfg.ReportBatchDelay)
+func NewInserter(rc *river.Client[pgx.Tx], cfg ReportConfig) *outbox.Inserter {
+	return outbox.NewInserter(rc, cfg.MaxAttempts).WithBatchDelay(cfg.BatchDelay)
 }

@@ -12,11 +12,11 @@ import (
 func TestServerTimeouts(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewPool(t)
-	cfg, err := LoadConfig(func(k string) string { return map[string]string{"LISTEN_ADDR": "127.0.0.1:0"}[k] })
-	if err != nil {
+	var cfg ServeConfig
+	if err := cfg.Read(func(k string) string { return map[string]string{"LISTEN_ADDR": "127.0.0.1:0"}[k] }); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServerOn(pool, cfg, slog.New(slog.DiscardHandler))
+	s, err := NewServerOn(pool, &cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,14 +17,14 @@ import (
 // Stripe (STRIPE_SECRET_KEY, STRIPE_API_BASE) confirms the customer, and
 // queues the tenant's report job through rc. Without STRIPE_SECRET_KEY
 // every other change works and a lift answers 503 stripe-unavailable.
-func NewTenants(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], cfg *Config, logger *slog.Logger) (*tenants.Store, error) {
+func NewTenants(pool *pgxpool.Pool, rc *river.Client[pgx.Tx], stripe StripeConfig, report ReportConfig, logger *slog.Logger) (*tenants.Store, error) {
 	store := tenants.NewStore(pool)
-	if cfg.StripeSecretKey == "" {
-		return store.WithStripe(nil, NewInserter(rc, cfg)), nil
+	if stripe.SecretKey == "" {
+		return store.WithStripe(nil, NewInserter(rc, report)), nil
 	}
-	sc, err := stripeclient.New(stripeclient.Config{SecretKey: cfg.StripeSecretKey, APIBase: cfg.StripeAPIBase, Logger: logger})
+	sc, err := stripeclient.New(stripeclient.Config{SecretKey: stripe.SecretKey, APIBase: stripe.APIBase, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)
 	}
-	return store.WithStripe(sc, NewInserter(rc, cfg)), nil
+	return store.WithStripe(sc, NewInserter(rc, report)), nil
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -42,13 +43,89 @@ func ServeWorkHealth(ctx context.Context, addr string, pool *pgxpool.Pool, reg *
 	}, nil
 }
 
+// Worker is `overage work`: the River workers, the sweep and, on
+// WORK_LISTEN_ADDR, health and metrics. Run runs it; Close releases what
+// NewWorker opened.
+type Worker struct {
+	// Pool is the workers' database pool.
+	Pool *pgxpool.Pool
+	// Workers are the River workers and periodic jobs.
+	Workers *workers.Workers
+	// Registry is the one the health listener's /metrics serves.
+	Registry   *prometheus.Registry
+	ownsPool   bool
+	stopHealth func()
+	claim      *BatchDelayClaim
+}
+
+// NewWorker connects, checks the schema is migrated (CheckSchema), claims
+// its REPORT_BATCH_DELAY (logging an error when a live serve or work runs
+// with another), listens on WORK_LISTEN_ADDR if set and wires the
+// workers. It needs STRIPE_SECRET_KEY.
+func NewWorker(ctx context.Context, cfg *WorkConfig, logger *slog.Logger) (_ *Worker, err error) {
+	if cfg.Stripe.SecretKey == "" {
+		return nil, errors.New("STRIPE_SECRET_KEY is required by overage work (use sk_test_... with STRIPE_API_BASE pointing at an emulator or stripe-mock to try it out)")
+	}
+	pool, err := OpenPool(ctx, cfg.DB.URL, WorkPoolMaxConns)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{Pool: pool, ownsPool: true}
+	defer func() {
+		if err != nil {
+			w.Close()
+		}
+	}()
+	if err := CheckSchema(ctx, pool); err != nil {
+		return nil, err
+	}
+	WarnConnectionBudget(ctx, pool, int(pool.Config().MaxConns)+BatchDelayConns, logger)
+	if w.claim, err = CheckBatchDelay(ctx, cfg.DB.URL, "work", cfg.Report.BatchDelay, logger); err != nil {
+		return nil, err
+	}
+	w.Registry = NewRegistry(pool, logger)
+	if w.Workers, err = NewWorkers(pool, cfg, logger, w.Registry); err != nil {
+		return nil, err
+	}
+	if cfg.ListenAddr != "" {
+		if w.stopHealth, err = ServeWorkHealth(ctx, cfg.ListenAddr, pool, w.Registry, logger); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// NewWorkerOn wires the workers on a pool the caller owns, their Stripe
+// calls counted in reg (`overage dev` gives its server's).
+func NewWorkerOn(pool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg *prometheus.Registry) (*Worker, error) {
+	ws, err := NewWorkers(pool, cfg, logger, reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{Pool: pool, Workers: ws, Registry: reg}, nil
+}
+
+// Run runs the workers until ctx is done.
+func (w *Worker) Run(ctx context.Context) error { return w.Workers.Run(ctx) }
+
+// Close stops the health listener and releases what NewWorker opened.
+func (w *Worker) Close() {
+	if w.stopHealth != nil {
+		w.stopHealth()
+	}
+	w.claim.Close()
+	if w.ownsPool {
+		w.Pool.Close()
+	}
+}
+
 // NewWorkers builds the Stripe client and the River workers on pool; the
 // Stripe calls are counted in reg.
-func NewWorkers(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger, reg prometheus.Registerer) (*workers.Workers, error) {
+func NewWorkers(pool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg prometheus.Registerer) (*workers.Workers, error) {
 	sc, err := stripeclient.New(stripeclient.Config{
-		SecretKey: cfg.StripeSecretKey,
-		APIBase:   cfg.StripeAPIBase,
-		RateLimit: cfg.StripeRateLimit,
+		SecretKey: cfg.Stripe.SecretKey,
+		APIBase:   cfg.Stripe.APIBase,
+		RateLimit: cfg.RateLimit,
 		Logger:    logger,
 	})
 	if err != nil {
@@ -64,20 +141,20 @@ func NewWorkers(pool *pgxpool.Pool, cfg *Config, logger *slog.Logger, reg promet
 }
 
 // WorkersConfig is cfg as the workers take it, reporting through stripe.
-func WorkersConfig(cfg *Config, logger *slog.Logger, stripe stripeclient.Sender) workers.Config {
+func WorkersConfig(cfg *WorkConfig, logger *slog.Logger, stripe stripeclient.Sender) workers.Config {
 	return workers.Config{
 		Logger:            logger,
 		Stripe:            stripe,
-		MeterInputEvent:   cfg.MeterInputEvent,
-		MeterOutputEvent:  cfg.MeterOutputEvent,
-		IdempotencyWindow: cfg.StripeIdempotencyWindow,
+		MeterInputEvent:   cfg.Meters.InputEvent,
+		MeterOutputEvent:  cfg.Meters.OutputEvent,
+		IdempotencyWindow: cfg.Window.IdempotencyWindow,
 		SweepInterval:     cfg.SweepInterval,
 		SweepGrace:        cfg.SweepGrace,
-		MaxAttempts:       cfg.ReportMaxAttempts,
-		ReportWorkers:     cfg.ReportWorkers,
-		JobTimeout:        cfg.ReportJobTimeout,
-		BatchDelay:        cfg.ReportBatchDelay,
-		BatchMax:          cfg.ReportBatchMax,
+		MaxAttempts:       cfg.Report.MaxAttempts,
+		ReportWorkers:     cfg.Workers,
+		JobTimeout:        cfg.JobTimeout,
+		BatchDelay:        cfg.Report.BatchDelay,
+		BatchMax:          cfg.BatchMax,
 		StreamIdleTimeout: cfg.StreamIdleTimeout,
 		PeriodCloseGrace:  cfg.PeriodCloseGrace,
 	}

@@ -70,7 +70,7 @@ func TestCountersFollowIngestWorkerAndSweepWrites(t *testing.T) {
 	want := finance.Counters{UsageLogs: 10, Billed: 5, Pending: 3, NeedsReview: 1, Failed: 1,
 		OverageInputTokens: 1000, OverageOutputTokens: 500, BilledInputTokens: 500, BilledOutputTokens: 250, OldestPendingAt: &oldest,
 		Meters: []finance.MeterCounters{{Meter: "input", OverageTokens: 1000, BilledTokens: 500}, {Meter: "output", OverageTokens: 500, BilledTokens: 250}}}
-	if !sameReport(&finance.Report{Totals: got.Counters}, &finance.Report{Totals: want}) {
+	if !sameStatement(&finance.Statement{Totals: got.Counters}, &finance.Statement{Totals: want}) {
 		t.Fatalf("alice = %s, want %s", mustJSON(t, got.Counters), mustJSON(t, want))
 	}
 	if c := tenantOf(t, r, capped.ID); c.NotBillable != 2 || c.Billed != 1 || c.BilledInputTokens != 200 || c.BilledOutputTokens != 100 || c.OldestPendingAt != nil {
@@ -234,9 +234,9 @@ func TestStatusOfOneTenantAndUnknownTenant(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(r.Tenants) != 1 || r.Tenants[0].TenantID != bob.ID {
-		t.Fatalf("filtered report = %s, want bob only", mustJSON(t, r))
+		t.Fatalf("filtered statement = %s, want bob only", mustJSON(t, r))
 	}
-	if !sameReport(&finance.Report{Totals: r.Totals}, &finance.Report{Totals: r.Tenants[0].Counters}) {
+	if !sameStatement(&finance.Statement{Totals: r.Totals}, &finance.Statement{Totals: r.Tenants[0].Counters}) {
 		t.Fatalf("totals %s differ from the one tenant's counters %s", mustJSON(t, r.Totals), mustJSON(t, r.Tenants[0].Counters))
 	}
 	if r.Totals.Pending != 1 || r.Totals.OverageInputTokens != 11 || r.Totals.Billed != 0 || r.Totals.OldestPendingAt == nil {

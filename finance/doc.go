@@ -3,7 +3,7 @@
 // review or failed, how much overage they carry and how much of it Stripe
 // has accepted. It serves `GET /v1/billing/status` (Handler, bearer
 // ADMIN_TOKEN) and backs `overage status` (Status, WriteTable, and
-// json.Marshal of a Report for --json).
+// json.Marshal of a Statement for --json).
 //
 // The design behind it is in docs/finance.md.
 package finance

@@ -48,7 +48,7 @@ func (h *Handler) Routes(r chi.Router) {
 	r.With(httpx.AdminOnly(h.adminToken, h.logger)).Get("/v1/billing/status", h.status)
 }
 
-// status answers the finance report, of one tenant with ?tenant_id=, else
+// status answers the finance statement, of one tenant with ?tenant_id=, else
 // one page of the tenants (?limit=, ?cursor=) with the totals of all.
 func (h *Handler) status(w http.ResponseWriter, r *http.Request) {
 	var tenantID *uuid.UUID
@@ -68,11 +68,11 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) {
 		}
 		tenantID = &id
 	}
-	var rep *Report
+	var st *Statement
 	if tenantID != nil {
-		rep, err = Status(r.Context(), h.db, tenantID)
+		st, err = Status(r.Context(), h.db, tenantID)
 	} else {
-		rep, err = StatusPage(r.Context(), h.db, p)
+		st, err = StatusPage(r.Context(), h.db, p)
 	}
 	if err != nil {
 		httpx.Error(w, r, h.logger, err)
@@ -80,5 +80,5 @@ func (h *Handler) status(w http.ResponseWriter, r *http.Request) {
 	}
 	// Billing data of every tenant: no shared cache may keep it.
 	w.Header().Set("Cache-Control", "no-store")
-	httpx.JSON(w, http.StatusOK, rep)
+	httpx.JSON(w, http.StatusOK, st)
 }

@@ -61,23 +61,23 @@ func TestHTTPStatusAnswersTheSpecShape(t *testing.T) {
 		t.Fatalf("idle tenant must appear with zeros and a null oldest_pending_at: %s", r.body)
 	}
 
-	var rep finance.Report
-	if err := json.Unmarshal(r.body, &rep); err != nil {
+	var st finance.Statement
+	if err := json.Unmarshal(r.body, &st); err != nil {
 		t.Fatal(err)
 	}
-	if !sameReport(&rep, oracle(t, e.Pool)) {
-		t.Fatalf("HTTP report %s disagrees with usage_logs %s", r.body, mustJSON(t, oracle(t, e.Pool)))
+	if !sameStatement(&st, oracle(t, e.Pool)) {
+		t.Fatalf("HTTP statement %s disagrees with usage_logs %s", r.body, mustJSON(t, oracle(t, e.Pool)))
 	}
-	if rep.Totals.Billed != 1 || rep.Totals.Pending != 1 || rep.Totals.BilledInputTokens != 120 || rep.Totals.OverageInputTokens != 125 || rep.Totals.OldestPendingAt == nil {
-		t.Fatalf("totals = %s", mustJSON(t, rep.Totals))
+	if st.Totals.Billed != 1 || st.Totals.Pending != 1 || st.Totals.BilledInputTokens != 120 || st.Totals.OverageInputTokens != 125 || st.Totals.OldestPendingAt == nil {
+		t.Fatalf("totals = %s", mustJSON(t, st.Totals))
 	}
 
 	// One tenant.
 	r = get(t, e.financeURL+"/v1/billing/status?tenant_id="+alice.ID.String(), "Bearer "+adminToken)
-	if err := json.Unmarshal(r.body, &rep); err != nil || r.status != http.StatusOK {
+	if err := json.Unmarshal(r.body, &st); err != nil || r.status != http.StatusOK {
 		t.Fatalf("status %d: %s (%v)", r.status, r.body, err)
 	}
-	if len(rep.Tenants) != 1 || rep.Tenants[0].TenantID != alice.ID || rep.Totals.UsageLogs != 2 {
+	if len(st.Tenants) != 1 || st.Tenants[0].TenantID != alice.ID || st.Totals.UsageLogs != 2 {
 		t.Fatalf("tenant filter: %s", r.body)
 	}
 

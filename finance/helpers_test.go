@@ -119,9 +119,9 @@ func fail(t testing.TB, db *pgxpool.Pool, id uuid.UUID) {
 	}
 }
 
-// oracle computes the report straight from usage_logs with a GROUP BY —
+// oracle computes the statement straight from usage_logs with a GROUP BY —
 // what the counters must always equal.
-func oracle(t testing.TB, db *pgxpool.Pool) *finance.Report {
+func oracle(t testing.TB, db *pgxpool.Pool) *finance.Statement {
 	t.Helper()
 	rows, err := db.Query(context.Background(), `
 		SELECT t.id, t.name, t.stripe_customer_id,
@@ -141,7 +141,7 @@ func oracle(t testing.TB, db *pgxpool.Pool) *finance.Report {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &finance.Report{Tenants: []finance.TenantStatus{}}
+	r := &finance.Statement{Tenants: []finance.TenantStatus{}}
 	for rows.Next() {
 		var s finance.TenantStatus
 		c := &s.Counters
@@ -186,16 +186,16 @@ func oracle(t testing.TB, db *pgxpool.Pool) *finance.Report {
 	return r
 }
 
-// requireExact checks that the report, and the counter table row by row,
+// requireExact checks that the statement, and the counter table row by row,
 // equal the GROUP BY over usage_logs.
-func requireExact(t testing.TB, db *pgxpool.Pool) *finance.Report {
+func requireExact(t testing.TB, db *pgxpool.Pool) *finance.Statement {
 	t.Helper()
 	got, err := finance.Status(context.Background(), db, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := oracle(t, db)
-	if !sameReport(got, want) {
+	if !sameStatement(got, want) {
 		t.Fatalf("finance.Status disagrees with a GROUP BY over usage_logs:\n got %s\nwant %s", mustJSON(t, got), mustJSON(t, want))
 	}
 	// Every counter row is exact too, none left over with a stale value.
@@ -224,9 +224,9 @@ func requireExact(t testing.TB, db *pgxpool.Pool) *finance.Report {
 	return got
 }
 
-func sameReport(a, b *finance.Report) bool {
-	norm := func(r *finance.Report) *finance.Report {
-		c := &finance.Report{Totals: r.Totals}
+func sameStatement(a, b *finance.Statement) bool {
+	norm := func(r *finance.Statement) *finance.Statement {
+		c := &finance.Statement{Totals: r.Totals}
 		c.Totals.OldestPendingAt = normTime(c.Totals.OldestPendingAt)
 		for _, s := range r.Tenants {
 			s.OldestPendingAt = normTime(s.OldestPendingAt)
@@ -245,14 +245,14 @@ func normTime(t *time.Time) *time.Time {
 	return &u
 }
 
-func tenantOf(t testing.TB, r *finance.Report, id uuid.UUID) finance.TenantStatus {
+func tenantOf(t testing.TB, r *finance.Statement, id uuid.UUID) finance.TenantStatus {
 	t.Helper()
 	for _, s := range r.Tenants {
 		if s.TenantID == id {
 			return s
 		}
 	}
-	t.Fatalf("tenant %s missing from the report", id)
+	t.Fatalf("tenant %s missing from the statement", id)
 	return finance.TenantStatus{}
 }
 

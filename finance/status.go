@@ -80,10 +80,10 @@ GROUP BY 1, 2, 3
 HAVING sum(c.overage_tokens) <> 0
 ORDER BY 2`
 
-// addExtraMeters adds the meters other than the defaults to the report's
+// addExtraMeters adds the meters other than the defaults to the statement's
 // tenants (all of them when all, else those listed) and totals: a line
 // each, and their tokens to their dimension's sums.
-func addExtraMeters(ctx context.Context, db overage.DB, r *Report, all bool) error {
+func addExtraMeters(ctx context.Context, db overage.DB, r *Statement, all bool) error {
 	byID := map[uuid.UUID]*Counters{}
 	ids := make([]uuid.UUID, 0, len(r.Tenants))
 	for i := range r.Tenants {
@@ -166,7 +166,7 @@ func (c *Counters) add(o Counters) {
 	}
 }
 
-// TenantStatus is one tenant's line of the report; the counters are
+// TenantStatus is one tenant's line of the statement; the counters are
 // flattened into it in JSON.
 type TenantStatus struct {
 	TenantID         uuid.UUID `json:"tenant_id"`
@@ -175,11 +175,11 @@ type TenantStatus struct {
 	Counters
 }
 
-// Report is the finance view: every tenant (those without usage logs too,
+// Statement is the finance statement: every tenant (those without usage logs too,
 // with zeros), sorted by name then id, and the totals over them. Its JSON
 // is the body of GET /v1/billing/status and the output of
 // `overage status --json`.
-type Report struct {
+type Statement struct {
 	Tenants []TenantStatus `json:"tenants"`
 	Totals  Counters       `json:"totals"`
 	// NextCursor continues GET /v1/billing/status's tenants (?cursor=)
@@ -188,13 +188,13 @@ type Report struct {
 	NextCursor *string `json:"next_cursor"`
 }
 
-// statusQuery reads the report in one statement, hence one snapshot. The
+// statusQuery reads the statement in one query, hence one snapshot. The
 // counters come from billing_counters (at most five rows per tenant,
 // grouped once); the oldest pending log is the first entry of the partial
 // index usage_logs_tenant_pending for that tenant, looked up only when the
 // tenant has pending logs. %s is the tenant filter: with "WHERE t.id = $1"
 // the planner carries the condition into the grouped subquery, so one
-// tenant's report reads only its own counter rows.
+// tenant's statement reads only its own counter rows.
 var statusQuery = `
 SELECT t.id, t.name, t.stripe_customer_id,
 	coalesce(c.usage_logs, 0), coalesce(c.billed, 0), coalesce(c.pending, 0), coalesce(c.not_billable, 0),
@@ -202,21 +202,21 @@ SELECT t.id, t.name, t.stripe_customer_id,
 	coalesce(c.overage_input_tokens, 0), coalesce(c.overage_output_tokens, 0),
 	coalesce(c.billed_input_tokens, 0), coalesce(c.billed_output_tokens, 0),
 	CASE WHEN c.pending > 0 THEN
-		(SELECT min(u.created_at) FROM usage_logs u WHERE u.tenant_id = t.id AND ` + usagelog.Is("u.billing_status", usagelog.StatusPending) + `)
+		` + usagelog.OldestPendingSQL("t.id") + `
 	END
 FROM tenants t
 LEFT JOIN (
 	SELECT b.tenant_id,
 		sum(b.usage_logs)::bigint AS usage_logs,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusPending) + `))::bigint AS pending,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNotBillable) + `))::bigint AS not_billable,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNeedsReview) + `))::bigint AS needs_review,
-		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusFailed) + `))::bigint AS failed,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `))::bigint AS billed,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusPending) + `))::bigint AS pending,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusNotBillable) + `))::bigint AS not_billable,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusNeedsReview) + `))::bigint AS needs_review,
+		(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusFailed) + `))::bigint AS failed,
 		sum(b.overage_input_tokens)::bigint AS overage_input_tokens,
 		sum(b.overage_output_tokens)::bigint AS overage_output_tokens,
-		(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed_input_tokens,
-		(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `))::bigint AS billed_output_tokens
+		(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `))::bigint AS billed_input_tokens,
+		(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `))::bigint AS billed_output_tokens
 	FROM billing_counters b
 	GROUP BY b.tenant_id
 ) c ON c.tenant_id = t.id
@@ -231,23 +231,23 @@ var (
 	statusPage = fmt.Sprintf(statusQuery, "WHERE $1::text IS NULL OR (t.name, t.id) > ($1, $2::uuid)") + " LIMIT $3"
 )
 
-// totalsQuery is the report's totals over every tenant, from the same
+// totalsQuery is the statement's totals over every tenant, from the same
 // counters as the tenants' lines.
 var totalsQuery = `
 SELECT coalesce(sum(b.usage_logs), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusPending) + `), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNotBillable) + `), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusNeedsReview) + `), 0)::bigint,
-	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusFailed) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusPending) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusNotBillable) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusNeedsReview) + `), 0)::bigint,
+	coalesce(sum(b.usage_logs) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusFailed) + `), 0)::bigint,
 	coalesce(sum(b.overage_input_tokens), 0)::bigint,
 	coalesce(sum(b.overage_output_tokens), 0)::bigint,
-	coalesce(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-	coalesce(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", usagelog.StatusBilled) + `), 0)::bigint,
-	` + usagelog.OldestPendingSQL + `
+	coalesce(sum(b.overage_input_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `), 0)::bigint,
+	coalesce(sum(b.overage_output_tokens) FILTER (WHERE ` + usagelog.Is("b.billing_status", overage.BillingStatusBilled) + `), 0)::bigint,
+	` + usagelog.OldestPendingSQL("") + `
 FROM billing_counters b`
 
-// statusKey is the cursor of a page of the report: the last tenant's
+// statusKey is the cursor of a page of the statement: the last tenant's
 // place in the order (name, id).
 type statusKey struct {
 	Name string    `json:"n"`
@@ -264,7 +264,7 @@ type TxBeginner interface {
 // the tenants, sorted by name then id, and the totals over every tenant
 // (the sums of the tenants' lines across all pages), read in one
 // snapshot.
-func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Report, error) {
+func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Statement, error) {
 	var after *statusKey
 	if p.HasCursor() {
 		after = &statusKey{}
@@ -272,7 +272,7 @@ func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Report, err
 			return nil, err
 		}
 	}
-	var r *Report
+	var r *Statement
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, readSettingsSQL); err != nil {
 			return fmt.Errorf("read billing status: %w", err)
@@ -286,7 +286,7 @@ func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Report, err
 		if err != nil {
 			return fmt.Errorf("read billing status: %w", err)
 		}
-		if r, err = scanReport(rows); err != nil {
+		if r, err = scanStatement(rows); err != nil {
 			return err
 		}
 		var c Counters
@@ -312,16 +312,16 @@ func StatusPage(ctx context.Context, db TxBeginner, p page.Params) (*Report, err
 	return r, nil
 }
 
-// Status returns the finance report of every tenant, or of one when
+// Status returns the finance statement of every tenant, or of one when
 // tenantID is set (then Totals are that tenant's). An unknown tenant is
 // overage.ENOTFOUND. A database that cannot be reached is
 // overage.EUNAVAILABLE.
-func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, error) {
+func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Statement, error) {
 	b, ok := db.(TxBeginner)
 	if !ok {
 		return status(ctx, db, tenantID)
 	}
-	var r *Report
+	var r *Statement
 	err := pgx.BeginTxFunc(ctx, b, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) (err error) {
 		if _, err := tx.Exec(ctx, readSettingsSQL); err != nil {
 			return dbError(fmt.Errorf("read billing status: %w", err))
@@ -339,7 +339,7 @@ func Status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, e
 // (docs/plans.md).
 const readSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true), set_config('enable_seqscan', 'off', true)`
 
-func status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, error) {
+func status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Statement, error) {
 	var rows pgx.Rows
 	var err error
 	if tenantID == nil {
@@ -350,7 +350,7 @@ func status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, e
 	if err != nil {
 		return nil, dbError(fmt.Errorf("read billing status: %w", err))
 	}
-	r, err := scanReport(rows)
+	r, err := scanStatement(rows)
 	if err != nil {
 		return nil, dbError(err)
 	}
@@ -365,10 +365,10 @@ func status(ctx context.Context, db overage.DB, tenantID *uuid.UUID) (*Report, e
 	return r, nil
 }
 
-// scanReport reads the report's lines, totalling them.
-func scanReport(rows pgx.Rows) (*Report, error) {
+// scanStatement reads the statement's lines, totalling them.
+func scanStatement(rows pgx.Rows) (*Statement, error) {
 	defer rows.Close()
-	r := &Report{Tenants: []TenantStatus{}}
+	r := &Statement{Tenants: []TenantStatus{}}
 	for rows.Next() {
 		var s TenantStatus
 		c := &s.Counters
@@ -393,15 +393,13 @@ func scanReport(rows pgx.Rows) (*Report, error) {
 
 // rebuildSQL is also the backfill of migrations/0002_finance.sql.
 const rebuildSQL = `INSERT INTO billing_counters (tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens)
-SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens)
-FROM usage_logs
-GROUP BY tenant_id, billing_status`
+` + usagelog.CountersSQL
 
 // RebuildCounters recomputes billing_counters from usage_logs in one
 // transaction. It first locks usage_logs in SHARE ROW EXCLUSIVE mode, so
 // no write can land between the scan and the commit: ingest and the
 // workers wait for one sequential scan of usage_logs (seconds per few
-// million logs), readers — the finance view included, which keeps seeing
+// million logs), readers — the finance statement included, which keeps seeing
 // the old counters until the commit — do not.
 //
 // For operators: run it after loading usage_logs with the counter
@@ -409,8 +407,8 @@ GROUP BY tenant_id, billing_status`
 // doubt; with the triggers enabled it changes nothing.
 func RebuildCounters(ctx context.Context, db Beginner) error {
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `LOCK TABLE usage_logs IN SHARE ROW EXCLUSIVE MODE`); err != nil {
-			return fmt.Errorf("lock usage_logs: %w", err)
+		if err := usagelog.LockWrites(ctx, tx); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM billing_counters`); err != nil {
 			return fmt.Errorf("clear billing counters: %w", err)

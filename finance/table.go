@@ -12,7 +12,7 @@ import (
 // WriteTable writes r as an aligned table, one line per tenant and a
 // TOTAL line, for `overage status` without --json. Token columns are the
 // overage (all statuses) and what of it was billed.
-func WriteTable(w io.Writer, r *Report) error {
+func WriteTable(w io.Writer, r *Statement) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	// AlignRight pads on the left: numbers line up on their last digit.
 	// The text columns come first and are left-aligned by padding them to

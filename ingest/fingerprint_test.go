@@ -7,14 +7,22 @@ import (
 
 func TestFingerprintCoversMethodPathAndBody(t *testing.T) {
 	t.Parallel()
-	a, _ := fingerprint("POST", "/v1/usage-events", []byte(`{"a":1}`))
-	same, _ := fingerprint("POST", "/v1/usage-events", []byte(`{ "a" : 1 }`))
-	otherBody, _ := fingerprint("POST", "/v1/usage-events", []byte(`{"a":2}`))
-	otherPath, _ := fingerprint("POST", "/v1/usage-events/batch", []byte(`{"a":1}`))
-	if string(a) != string(same) {
+	fp := func(path, body string) string {
+		t.Helper()
+		b, err := fingerprint("POST", path, []byte(body))
+		if err != nil || len(b) == 0 {
+			t.Fatalf("fingerprint(%s, %s) = %x, %v", path, body, b, err)
+		}
+		return string(b)
+	}
+	a := fp("/v1/usage-events", `{"a":1}`)
+	same := fp("/v1/usage-events", `{ "a" : 1 }`)
+	otherBody := fp("/v1/usage-events", `{"a":2}`)
+	otherPath := fp("/v1/usage-events/batch", `{"a":1}`)
+	if a != same {
 		t.Error("whitespace changed the fingerprint")
 	}
-	if string(a) == string(otherBody) || string(a) == string(otherPath) {
+	if a == otherBody || a == otherPath {
 		t.Error("a different body or path gave the same fingerprint")
 	}
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/google/uuid"
 )
 
-// Group commit. A single event costs PostgreSQL about 1 ms of CPU in a
-// transaction of its own, an event of a batch about 17 µs: most of an
+// Group commit. A single event in a transaction of its own costs
+// PostgreSQL many times the CPU of an event of a batch: most of an
 // ingest transaction's cost is per transaction (BEGIN, the reads, the
 // report job, each write statement, COMMIT), not per event. So the single
 // events of one tenant that arrive while its transactions are in flight
@@ -40,11 +40,8 @@ import (
 
 // defaultGroupsInFlight is how many transactions of one tenant run at once
 // before its events wait to be coalesced. One: on a CPU-bound machine the
-// fewer, larger transactions pay. 32 clients, one tenant, 8 s each, in the
-// order 0 1 2 4 4 2 1 0 (0: no coalescing), CPU of `serve` and of its
-// PostgreSQL backends per event: 0: 373-375 µs and 857-887 µs (1,422-1,462
-// events/s); 1: 138-144 and 118-120 µs (4,799-4,814); 2: 168-170 and
-// 176 µs (4,259-4,339); 4: 208-213 and 273-279 µs (3,288-3,348).
+// fewer, larger transactions pay (docs/benchmarks.md, "Group commit of
+// single events", has the settings measured).
 const defaultGroupsInFlight = 1
 
 // maxGroupEvents caps a group: the events waiting beyond it go in the next.

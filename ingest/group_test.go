@@ -15,6 +15,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 )
 
 // gate holds every ingest transaction of a service before its writes until
@@ -88,13 +89,7 @@ func (g *gate) groups() []int {
 // waitFor polls cond until it holds, failing t after 20 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	polltest.Until(t, what, 20*time.Second, cond)
 }
 
 // posted sends n requests concurrently (request i from req(i)) and returns

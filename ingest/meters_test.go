@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/finance"
@@ -204,7 +205,7 @@ func TestConcurrentBatchesSplitExactlyPerMeter(t *testing.T) {
 		if c := b.count(t, `SELECT coalesce(sum(overage_tokens), 0) FROM period_counters WHERE tenant_id = $1 AND meter = $2`, b.capped.ID, k); int64(c) != want[k] {
 			t.Fatalf("meter %s counters %d, want %d", k, c, want[k])
 		}
-		// The finance view reads the same: the meter's line, and the
+		// The finance statement reads the same: the meter's line, and the
 		// dimension sums including it.
 		r, err := finance.Status(context.Background(), b.pool, &b.capped.ID)
 		if err != nil {
@@ -392,4 +393,94 @@ func TestCorrectionWithCorrectedPartsMovesTokensBetweenMeters(t *testing.T) {
 	// Correcting to what it already is: nothing to correct.
 	same := b.do(t, http.MethodPost, path, b.alice.APIKey, "c2", `{"input_tokens":100,"output_tokens":50,"cache_read_input_tokens":20,"reason":"again"}`)
 	requireProblem(t, same, http.StatusUnprocessableEntity, "validation-failed")
+}
+
+// Events a per-model catalog routes away from both default meters feed
+// them nothing, so the tenant's allowance on the defaults, not reached,
+// orders none of them: concurrent events charge the transactions' slot
+// rows (no period lock, no slot 0), every token is overage on the model's
+// meters, and the defaults' allowance is left whole for the events that
+// do feed them.
+func TestEventsThatFeedNoDefaultMeterNeedNoOrderForItsAllowance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createMeters(t,
+		meters.CreateParams{Key: "m_input", EventName: "m_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}},
+		meters.CreateParams{Key: "m_cache", EventName: "m_cache_read_tokens", TokenType: overage.TokenCacheRead, Models: []string{"gpt-4o"}},
+		meters.CreateParams{Key: "m_output", EventName: "m_output_tokens", TokenType: overage.TokenOutput, Models: []string{"gpt-4o"}},
+	)
+	const n = 30
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			r := b.post(t, b.capped.APIKey, fmt.Sprintf("m%d", i), partsEvent("gpt-4o", 100, 30, 0, 50, 0))
+			requireStatus(t, r, http.StatusAccepted)
+			lines := meterLines(t, r.body)
+			if lines["m_input"].Overage != 70 || lines["m_cache"].Overage != 30 || lines["m_output"].Overage != 50 ||
+				lines["input"].Tokens != 0 || lines["output"].Tokens != 0 {
+				t.Errorf("lines %+v, want all overage on the model's meters, nothing on the defaults", lines)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if c := b.count(t, `SELECT (SELECT count(*) FROM allowance_usage WHERE tenant_id = $1 AND slot = 0)
+		+ (SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND slot = 0)`, b.capped.ID); c != 0 {
+		t.Fatalf("%d rows of the ordered slot: events feeding no default meter were ordered for its allowance", c)
+	}
+	if c := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1`, b.capped.ID); c != n*150 {
+		t.Fatalf("meter totals %d, want %d", c, n*150)
+	}
+	// The defaults' allowance is untouched: an event of another model
+	// falls within it.
+	r := b.post(t, b.capped.APIKey, "other", event(130, 40))
+	requireStatus(t, r, http.StatusAccepted)
+	if lines := meterLines(t, r.body); lines["input"].Overage != 0 || lines["output"].Overage != 0 {
+		t.Fatalf("an event of the defaults: lines %+v, want within the allowance", lines)
+	}
+}
+
+// The totals of the other meters are read for the tenant's subscription
+// period an event falls in, not only calendar months: once a meter's
+// allowance is used up in that period, the next batch there charges it
+// without ordering (the transaction's slot, not slot 0), all overage.
+func TestMeterTotalsOfASubscriptionPeriodSpareTheOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.createMeters(t, meters.CreateParams{Key: "m_input", EventName: "m_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}})
+	now := time.Now().UTC()
+	start := now.Add(-2 * time.Hour).Truncate(time.Microsecond)
+	if _, err := b.pool.Exec(ctx, `INSERT INTO tenant_subscriptions
+		(tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
+		VALUES ($1, 'sub_1', 'active', $2, $3, now())`, b.capped.ID, start, now.Add(30*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, `UPDATE tenants SET included_meters = '{"m_input": 1000}' WHERE id = $1`, b.capped.ID); err != nil {
+		t.Fatal(err)
+	}
+	at := func(rid string, in int) string {
+		return fmt.Sprintf(`{"request_id":%q,"timestamp":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":%d,"output_tokens":0}`,
+			rid, now.Add(-time.Hour).Format(time.RFC3339Nano), in)
+	}
+	requireStatus(t, b.postBatch(t, b.capped.APIKey, "k1", batch(at("a", 1500))), http.StatusAccepted)
+	r := b.postBatch(t, b.capped.APIKey, "k2", batch(at("b", 100), at("c", 200)))
+	requireStatus(t, r, http.StatusAccepted)
+	for i, e := range batchEvents(t, r) {
+		for _, ln := range e["meters"].([]any) {
+			if l := ln.(map[string]any); l["meter"] == "m_input" && l["overage"] != l["tokens"] {
+				t.Fatalf("event %d: %v, want all overage", i, l)
+			}
+		}
+	}
+	if c := b.count(t, `SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND slot > 0`, b.capped.ID, start); c == 0 {
+		t.Fatal("the batch past the meter's allowance was ordered: its period's total was not read")
+	}
+	if c := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2`, b.capped.ID, start); c != 1800 {
+		t.Fatalf("the subscription period's total %d, want 1800", c)
+	}
 }

@@ -127,8 +127,9 @@ func (s *Service) Alerts() *alerts.Recorder { return s.alerts }
 type Outcome struct {
 	Status int
 	Body   []byte
-	// Kind is "new", "duplicate" or "replay", for logs and metrics.
-	Kind string
+	// Kind says whether the answer is new, a duplicate or a replay, for
+	// logs and metrics.
+	Kind OutcomeKind
 	// UsageLogID is the usage log the answer is about.
 	UsageLogID uuid.UUID
 	// stored, when not nil, is what is stored under the key instead of
@@ -136,11 +137,14 @@ type Outcome struct {
 	stored []byte
 }
 
-// Outcome kinds.
+// OutcomeKind is what an Outcome answers: a new log, a duplicate of a
+// request_id recorded before, or the stored answer replayed under its key.
+type OutcomeKind string
+
 const (
-	OutcomeNew       = "new"
-	OutcomeDuplicate = "duplicate"
-	OutcomeReplay    = "replay"
+	OutcomeNew       OutcomeKind = "new"
+	OutcomeDuplicate OutcomeKind = "duplicate"
+	OutcomeReplay    OutcomeKind = "replay"
 )
 
 // RecordParams are the inputs of Record, all validated by the caller.
@@ -421,6 +425,7 @@ type state struct {
 	catalog        *overage.Catalog
 	catalogVersion int64
 	routes         map[string]overage.Routing
+	lineBlock      []overage.MeterLine // see newLines
 	// closed holds the periods closed when the transaction read them
 	// (usagelog.PeriodClosedSQL): their new logs answer "reported".
 	closed map[time.Time]bool
@@ -620,31 +625,13 @@ func (st *state) scanExtraTotals(rows pgx.Rows, err error) error {
 // the lock only ran because the total it saw — which this read sees too —
 // was already at the allowance.
 func (st *state) order(ctx context.Context, tx pgx.Tx, g *group, fresh []int) error {
-	// The meters other than the defaults that the new events feed, per
-	// period: their allowances count too.
-	var fed map[time.Time]map[string]bool
-	if st.catalog.Extra() {
-		fed = map[time.Time]map[string]bool{}
-		for _, i := range fresh {
-			ev := g.events[i]
-			r := st.route(ev.ModelID)
-			amounts := overage.Amounts(ev.InputTokens, ev.OutputTokens, ev.Parts)
-			for t, m := range r {
-				if amounts[t] == 0 || overage.IsDefaultMeter(m) {
-					continue
-				}
-				p := st.periods[i]
-				if fed[p] == nil {
-					fed[p] = map[string]bool{}
-				}
-				fed[p][m] = true
-			}
-		}
-	}
+	// The meters the new events feed, per period: the allowances of those
+	// count, the others' do not.
+	fed := st.fedMeters(g, fresh)
 	var open []time.Time
 	for _, i := range fresh {
 		p := st.periods[i]
-		if st.ordered[p] || !st.needsOrder(p, fed[p]) {
+		if st.ordered[p] || !st.needsOrder(p, fed[p], fed == nil) {
 			continue
 		}
 		st.ordered[p] = true
@@ -792,7 +779,7 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 			l.BillingStatus = overage.BillingStatusPending
 			w.reportIDs = append(w.reportIDs, id)
 		}
-		l.Meters = rawLines(l, lines)
+		l.Meters = rawLinesInto(st.newLines(len(lines)), l, lines)
 		st.catalog.Present(l)
 		results[i] = result{log: l}
 		w.logs = append(w.logs, l)
@@ -851,7 +838,7 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 		b.Queue(idempotency.DeleteExpiredSQL, pgUUID(g.tenantID), e.key, e.expiresAt)
 	}
 	if len(w.logs) > 0 {
-		queueUsedUpGuard(b, g.tenantID, st, w.deltaOrder, w.extra)
+		queueUsedUpGuard(b, g.tenantID, st, w.deltaOrder, w.deltas, w.extra)
 		n := len(w.deltaOrder)
 		starts, ordered := make([]time.Time, n), make([]bool, n)
 		ins, outs := make([]int64, n), make([]int64, n)
@@ -906,16 +893,15 @@ func (w *writes) exec(ctx context.Context, tx *pipeTx, g *group, st *state, acti
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
 				cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 				meter_keys, meter_tokens, meter_overage, stripe_timestamp)
-			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13,
-				($14::bigint[])[u.n], ($15::bigint[])[u.n], ($16::bigint[])[u.n],
-				x.keys, x.tokens, x.over, CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
+			SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13, u.cr, u.cw, u.rs,
+				string_to_array(u.mk, ','),
+				CASE WHEN u.cnt > 0 THEN ($18::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
+				CASE WHEN u.cnt > 0 THEN ($19::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
+				CASE WHEN u.period = ANY($22::timestamptz[]) THEN 'reported' END
 			FROM unnest($2::uuid[], $3::text[], $4::timestamptz[], $5::text[], $6::text[], $7::bigint[], $8::bigint[],
-				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[], $17::text[]) WITH ORDINALITY
-				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, mk, n)
-			LEFT JOIN LATERAL (
-				SELECT string_to_array(u.mk, ',') AS keys, ($18::bigint[])[lo:hi] AS tokens, ($19::bigint[])[lo:hi] AS over
-				FROM (SELECT ($20::int[])[u.n] + 1 AS lo, ($20::int[])[u.n] + ($21::int[])[u.n] AS hi) AS r
-				WHERE ($21::int[])[u.n] > 0) AS x ON true
+				$9::timestamptz[], $10::bigint[], $11::bigint[], $12::text[], $14::bigint[], $15::bigint[], $16::bigint[],
+				$17::text[], $20::int[], $21::int[])
+				AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, cr, cw, rs, mk, lo, cnt)
 			ORDER BY u.rid COLLATE "C"`,
 			pgUUID(g.tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, st.now, reads, writes, reasons,
 			flat.keys, flat.tokens, flat.over, flat.offsets, flat.count, closed)
@@ -969,7 +955,13 @@ var errAllowanceGivenBack = errors.New("a correction gave allowance back to the 
 //
 // A tenant without allowance needs none of this: no total is ever below
 // zero.
-func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time, extra []meterDelta) {
+//
+// Only what the transaction charged counts: a default meter it gave no
+// tokens in a period is not checked there (its total may stay below the
+// allowance: needsOrder did not order for it), and a period where it
+// charged no meter with an allowance takes no lock.
+func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []time.Time, deltas map[time.Time]*overage.Overage, extra []meterDelta) {
+	guarded := map[time.Time]bool{}
 	// The other meters with an allowance this transaction charged in an
 	// unordered period.
 	var extraPeriods []time.Time
@@ -978,24 +970,37 @@ func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []tim
 	for _, d := range extra {
 		if inc := st.included[d.meter]; inc > 0 && !st.ordered[d.period] {
 			extraPeriods, extraKeys, extraIncs = append(extraPeriods, d.period), append(extraKeys, d.meter), append(extraIncs, inc)
+			guarded[d.period] = true
 		}
 	}
-	if st.allowance.InputTokens == 0 && st.allowance.OutputTokens == 0 && len(extraKeys) == 0 {
-		return
-	}
-	type lock struct{ a, b int32 }
-	var locks []lock
+	// The default meters': each unordered period's allowance of each
+	// default meter charged there (0: not charged, nothing to check).
 	var unordered []time.Time
+	var minIn, minOut []int64
 	for _, p := range periods {
 		if st.ordered[p] {
 			continue
 		}
+		var in, out int64
+		if deltas[p].InputTokens > 0 {
+			in = st.allowance.InputTokens
+		}
+		if deltas[p].OutputTokens > 0 {
+			out = st.allowance.OutputTokens
+		}
+		if in > 0 || out > 0 {
+			unordered, minIn, minOut = append(unordered, p), append(minIn, in), append(minOut, out)
+			guarded[p] = true
+		}
+	}
+	if len(guarded) == 0 {
+		return
+	}
+	type lock struct{ a, b int32 }
+	locks := make([]lock, 0, len(guarded))
+	for p := range guarded {
 		a, b := periodLockKey(tenantID, p)
 		locks = append(locks, lock{a, b})
-		unordered = append(unordered, p)
-	}
-	if len(unordered) == 0 {
-		return
 	}
 	slices.SortFunc(locks, func(x, y lock) int {
 		if c := cmp.Compare(x.a, y.a); c != 0 {
@@ -1006,10 +1011,14 @@ func queueUsedUpGuard(b *pgx.Batch, tenantID uuid.UUID, st *state, periods []tim
 	for _, l := range locks {
 		b.Queue(`SELECT pg_advisory_xact_lock_shared($1::int4, $2::int4)`, l.a, l.b)
 	}
-	b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
-			SELECT period_start FROM allowance_usage WHERE tenant_id = $1 AND period_start = ANY($2)
-			GROUP BY period_start HAVING sum(input_tokens) < $3 OR sum(output_tokens) < $4) AS given_back`,
-		pgUUID(tenantID), unordered, st.allowance.InputTokens, st.allowance.OutputTokens)
+	if len(unordered) > 0 {
+		b.Queue(`SELECT 1 / CASE WHEN count(*) = 0 THEN 1 ELSE 0 END FROM (
+				SELECT a.period_start FROM allowance_usage a
+				JOIN unnest($2::timestamptz[], $3::bigint[], $4::bigint[]) AS d (start, i, o) ON a.period_start = d.start
+				WHERE a.tenant_id = $1
+				GROUP BY a.period_start, d.i, d.o HAVING sum(a.input_tokens) < d.i OR sum(a.output_tokens) < d.o) AS given_back`,
+			pgUUID(tenantID), unordered, minIn, minOut)
+	}
 	if len(extraKeys) > 0 {
 		// The same for every other meter with an allowance: charged whole
 		// only because its total had reached it.

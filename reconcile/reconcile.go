@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/tenants"
 
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -34,7 +34,7 @@ const (
 	DefaultMeterOutputEvent = overage.DefaultMeterOutputEvent
 )
 
-// DayLayout is how days are written, in flags, rows and reports.
+// DayLayout is how days are written, in flags, rows and results.
 const DayLayout = "2006-01-02"
 
 // maxFutureSkew is how far ahead of now a usage timestamp (and so a meter
@@ -60,7 +60,7 @@ type Params struct {
 	// judges every window that has ended, negative is an error. The CLI's
 	// default is DefaultSettleAfter.
 	SettleAfter time.Duration
-	// Now is the time the report is made at (default time.Now()).
+	// Now is the time the result is made at (default time.Now()).
 	Now time.Time
 	// Concurrency is how many Stripe listings run at once (default
 	// DefaultConcurrency).
@@ -124,9 +124,9 @@ type Meter struct {
 	MeterIDs []string `json:"meter_ids"`
 }
 
-// Report is the outcome of Run. It marshals to the JSON of
+// Result is the outcome of Run. It marshals to the JSON of
 // `overage reconcile --json`.
-type Report struct {
+type Result struct {
 	From        string        `json:"from"` // first day, inclusive
 	To          string        `json:"to"`   // last day, inclusive
 	TenantID    *uuid.UUID    `json:"tenant_id,omitempty"`
@@ -151,12 +151,12 @@ type Report struct {
 }
 
 // OK reports whether nothing differs. Too-recent rows are not differences.
-func (r *Report) OK() bool { return r.Differences == 0 }
+func (r *Result) OK() bool { return r.Differences == 0 }
 
 // Judged reports whether any window of the range could be compared: a
 // row that is not too recent, or settled days on which neither side holds
-// anything. A report of today alone is never judged.
-func (r *Report) Judged() bool {
+// anything. A result of today alone is never judged.
+func (r *Result) Judged() bool {
 	for _, row := range r.Rows {
 		if row.Status != StatusTooRecent {
 			return true
@@ -186,8 +186,8 @@ type activityKey struct {
 // Run reconciles the database with Stripe's meter event summaries. db is
 // read; stripe is only read. An error means no verdict (a refused Stripe
 // call, a meter that does not sum, an unknown tenant); differences are not
-// errors — see Report.OK.
-func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, p Params) (*Report, error) {
+// errors — see Result.OK.
+func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, p Params) (*Result, error) {
 	if db == nil || stripe == nil {
 		return nil, errors.New("reconcile: a database and a Stripe summary reader are required")
 	}
@@ -199,14 +199,14 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 	end := utcDay(p.To).Add(24 * time.Hour) // exclusive
 	cutoff := p.Now.Add(-p.SettleAfter)
 
-	rep := &Report{
+	res := &Result{
 		From: from.Format(DayLayout), To: utcDay(p.To).Format(DayLayout), TenantID: p.TenantID,
 		GeneratedAt: p.Now, SettleAfter: p.SettleAfter, SettleAfterText: p.SettleAfter.String(),
 		SettleCutoff: cutoff,
 	}
 	for d := from; d.Before(end); d = d.Add(24 * time.Hour) {
 		if d.Add(24 * time.Hour).After(cutoff) {
-			rep.TooRecentFrom = d.Format(DayLayout)
+			res.TooRecentFrom = d.Format(DayLayout)
 			break
 		}
 	}
@@ -215,7 +215,7 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 	if err != nil {
 		return nil, err
 	}
-	rep.Customers = customers
+	res.Customers = customers
 
 	dims := []struct {
 		dim  overage.Dimension
@@ -255,17 +255,15 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 			}
 			m.MeterIDs = append(m.MeterIDs, sm.ID)
 		}
-		rep.Meters = append(rep.Meters, m)
+		res.Meters = append(res.Meters, m)
 	}
 
-	db1, late, activity, err := billed(ctx, db, from, end, cutoff, tenantIDs, p.MeterInputEvent, p.MeterOutputEvent)
+	db1, late, activity, err := billed(ctx, db, usagelog.BilledParams{From: from, End: end, Cutoff: cutoff, TenantIDs: tenantIDs,
+		Meters: len(eventOf) > 0}, p.MeterInputEvent, p.MeterOutputEvent, eventOf)
 	if err != nil {
 		return nil, err
 	}
-	if err := billedOnMeters(ctx, db, from, end, tenantIDs, eventOf, db1, late); err != nil {
-		return nil, err
-	}
-	st, err := summaries(ctx, stripe, p, from, end, customers, rep.Meters)
+	st, err := summaries(ctx, stripe, p, from, end, customers, res.Meters)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +283,7 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		r := Row{Customer: k.customer, Meter: k.meter, Day: k.day, Database: db1[k], Stripe: st[k], ReportedLate: late[k]}
 		r.Delta = r.Stripe - r.Database
 		switch {
-		case rep.TooRecentFrom != "" && k.day >= rep.TooRecentFrom:
+		case res.TooRecentFrom != "" && k.day >= res.TooRecentFrom:
 			r.Status, r.Reason = StatusTooRecent, ReasonWindowOpen
 		case activity[activityKey{k.customer, k.day}]:
 			r.Status, r.Reason = StatusTooRecent, ReasonRecentActivity
@@ -296,17 +294,17 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		}
 		switch r.Status {
 		case StatusMatch:
-			rep.Matches++
+			res.Matches++
 		case StatusDifference:
-			rep.Differences++
+			res.Differences++
 		case StatusTooRecent:
-			rep.TooRecent++
+			res.TooRecent++
 		}
-		rep.Rows = append(rep.Rows, r)
+		res.Rows = append(res.Rows, r)
 	}
 	order := map[Status]int{StatusDifference: 0, StatusTooRecent: 1, StatusMatch: 2}
-	sort.Slice(rep.Rows, func(i, j int) bool {
-		a, b := rep.Rows[i], rep.Rows[j]
+	sort.Slice(res.Rows, func(i, j int) bool {
+		a, b := res.Rows[i], res.Rows[j]
 		if order[a.Status] != order[b.Status] {
 			return order[a.Status] < order[b.Status]
 		}
@@ -318,10 +316,10 @@ func Run(ctx context.Context, db overage.DB, stripe stripeclient.SummaryReader, 
 		}
 		return a.Day < b.Day
 	})
-	if rep.Rows == nil {
-		rep.Rows = []Row{}
+	if res.Rows == nil {
+		res.Rows = []Row{}
 	}
-	return rep, nil
+	return res, nil
 }
 
 func (p Params) withDefaults() (Params, error) {
@@ -361,36 +359,19 @@ func utcDay(t time.Time) time.Time { return t.UTC().Truncate(24 * time.Hour) }
 // scope returns the customers in scope and, with a tenant filter, the ids
 // of their tenants (nil without a filter: every tenant).
 func scope(ctx context.Context, db overage.DB, tenantID *uuid.UUID) ([]Customer, []uuid.UUID, error) {
-	q := `SELECT id, name, stripe_customer_id FROM tenants ORDER BY stripe_customer_id, id`
-	var args []any
-	if tenantID != nil {
-		q = `SELECT id, name, stripe_customer_id FROM tenants
-			WHERE stripe_customer_id = (SELECT stripe_customer_id FROM tenants WHERE id = $1)
-			ORDER BY stripe_customer_id, id`
-		args = append(args, *tenantID)
-	}
-	rows, err := db.Query(ctx, q, args...)
+	ts, err := tenants.ByCustomer(ctx, db, tenantID)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
-	defer rows.Close()
 	var customers []Customer
 	var ids []uuid.UUID
-	for rows.Next() {
-		var t Tenant
-		var cus string
-		if err := rows.Scan(&t.ID, &t.Name, &cus); err != nil {
-			return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
-		}
-		if len(customers) == 0 || customers[len(customers)-1].StripeCustomerID != cus {
-			customers = append(customers, Customer{StripeCustomerID: cus})
+	for _, tn := range ts {
+		if len(customers) == 0 || customers[len(customers)-1].StripeCustomerID != tn.StripeCustomerID {
+			customers = append(customers, Customer{StripeCustomerID: tn.StripeCustomerID})
 		}
 		c := &customers[len(customers)-1]
-		c.Tenants = append(c.Tenants, t)
-		ids = append(ids, t.ID)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("reconcile: reading tenants: %w", err)
+		c.Tenants = append(c.Tenants, Tenant{ID: tn.ID, Name: tn.Name})
+		ids = append(ids, tn.ID)
 	}
 	if tenantID != nil {
 		if len(customers) == 0 {
@@ -404,189 +385,37 @@ func scope(ctx context.Context, db overage.DB, tenantID *uuid.UUID) ([]Customer,
 	return customers, nil, nil
 }
 
-// lateReach bounds how much older than its report a late log's usage
-// timestamp can be: ingest takes usage up to overage.MaxEventAge old, and
-// its report is formed soon after (a day's margin).
-const lateReach = overage.MaxEventAge + 24*time.Hour
-
-// billingDaySQL is the UTC day whose summary holds the overage o of line
-// (dimension dim, report lead lead) of the usage log u: its usage day, or
-// for a log reported at send time (its period was closed when its report
-// was formed, stripe_timestamp 'reported') the day of its report's
-// timestamp, the one Stripe's event carries.
-const billingDaySQL = `to_char(CASE WHEN u.stripe_timestamp = 'reported' THEN coalesce(
-		(SELECT r.ts FROM usage_reports r WHERE r.lead_usage_log_id = %[1]s AND r.dimension = %[2]s), u.ts) ELSE u.ts END
-	AT TIME ZONE 'UTC', 'YYYY-MM-DD')`
-
-// billed sums billed overage per (customer, meter, day) over [from, end),
-// and flags the (customer, day) pairs with billing activity after cutoff.
-// A day is the one Stripe bills the usage on (billingDaySQL); late holds
-// the part of each sum that is earlier days' usage reported late.
-func billed(ctx context.Context, db overage.DB, from, end, cutoff time.Time, tenantIDs []uuid.UUID, inputEvent, outputEvent string) (map[rowKey]int64, map[rowKey]int64, map[activityKey]bool, error) {
-	// not_billable logs are never sent; every other status may have
-	// touched Stripe, so all count towards activity, only billed ones
-	// towards the sums. greatest() ignores NULLs.
-	q := billedQuery(tenantIDs != nil)
-	args := []any{from, end, cutoff, lateReach.Seconds()}
-	if tenantIDs != nil {
-		args = append(args, tenantIDs)
-	}
-	db, done, err := rangeDB(ctx, db)
+// billed reads the billed overage (usagelog.Billed) by event name: the
+// default meters' named inputEvent and outputEvent, the others' by
+// eventOf. Meters sharing an event name are added together.
+func billed(ctx context.Context, db overage.DB, p usagelog.BilledParams, inputEvent, outputEvent string, eventOf map[string]string) (
+	map[rowKey]int64, map[rowKey]int64, map[activityKey]bool, error) {
+	s, err := usagelog.Billed(ctx, db, p)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
-	defer done()
-	rows, err := db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
-	}
-	defer rows.Close()
 	sums, late := map[rowKey]int64{}, map[rowKey]int64{}
-	activity := map[activityKey]bool{}
-	for rows.Next() {
-		var cus, day, dim string
-		var n, l int64
-		var recent bool
-		if err := rows.Scan(&cus, &day, &dim, &n, &l, &recent); err != nil {
-			return nil, nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
-		}
-		name := inputEvent
-		if dim == string(overage.DimensionOutput) {
+	for k, n := range s.Overage {
+		var name string
+		switch k.Meter {
+		case overage.MeterInput:
+			name = inputEvent
+		case overage.MeterOutput:
 			name = outputEvent
+		default:
+			var ok bool
+			if name, ok = eventOf[k.Meter]; !ok {
+				return nil, nil, nil, fmt.Errorf("reconcile: usage logs name the meter %q, which the catalog does not hold", k.Meter)
+			}
 		}
-		// Several tenants may share a customer: add, never overwrite.
-		sums[rowKey{cus, name, day}] += n
-		late[rowKey{cus, name, day}] += l
-		if recent {
-			activity[activityKey{cus, day}] = true
-		}
+		sums[rowKey{k.Customer, name, k.Day}] += n
+		late[rowKey{k.Customer, name, k.Day}] += s.Late[k]
 	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, nil, fmt.Errorf("reconcile: reading billed overage: %w", err)
+	activity := map[activityKey]bool{}
+	for k := range s.Active {
+		activity[activityKey{k.Customer, k.Day}] = true
 	}
 	return sums, late, activity, nil
-}
-
-// billedQuery sums billed overage per (customer, day, dimension) over ts
-// in [$1 - $4 seconds, $2), with activity after $3, of the tenants $5 when
-// tenants is set. The range of ts is an index condition of usage_logs_ts
-// (BRIN, migration 0050): a run reads the pages of the days asked, not the
-// whole table (docs/plans.md).
-func billedQuery(tenants bool) string {
-	q := `SELECT cus, day, dim,
-			coalesce(sum(o) FILTER (WHERE billed), 0)::bigint,
-			coalesce(sum(o) FILTER (WHERE billed AND late), 0)::bigint,
-			coalesce(bool_or(recent), false)
-		FROM (SELECT t.stripe_customer_id AS cus, d.dim, d.o, ` + fmt.Sprintf(billingDaySQL, "d.lead", "d.dim") + ` AS day,
-				` + usagelog.Is("u.billing_status", usagelog.StatusBilled) + ` AS billed,
-				coalesce(u.stripe_timestamp = 'reported', false) AS late,
-				greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3 AS recent
-			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-			CROSS JOIN LATERAL (VALUES ('input', u.overage_input_tokens, u.input_report_lead),
-				('output', u.overage_output_tokens, u.output_report_lead)) AS d (dim, o, lead)
-			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
-				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND ` + usagelog.NotIn("u.billing_status", usagelog.StatusNotBillable)
-	if tenants {
-		q += ` AND u.tenant_id = ANY($5)`
-	}
-	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-		GROUP BY 1, 2, 3`
-}
-
-// billedOnMeters adds to sums (and late) the billed overage of the meters
-// other than the defaults (the usage logs' meter_* arrays), per customer,
-// event name and day, as billed does. Activity needs nothing more: a log's
-// first_attempt_at and billed_at cover its lines of every meter.
-func billedOnMeters(ctx context.Context, db overage.DB, from, end time.Time, tenantIDs []uuid.UUID, eventOf map[string]string,
-	sums, late map[rowKey]int64) error {
-	if len(eventOf) == 0 {
-		return nil
-	}
-	q := billedOnMetersQuery(tenantIDs != nil)
-	args := []any{from, end, lateReach.Seconds()}
-	if tenantIDs != nil {
-		args = append(args, tenantIDs)
-	}
-	db, done, err := rangeDB(ctx, db)
-	if err != nil {
-		return err
-	}
-	defer done()
-	rows, err := db.Query(ctx, q, args...)
-	if err != nil {
-		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var cus, day, key string
-		var n, l int64
-		if err := rows.Scan(&cus, &day, &key, &n, &l); err != nil {
-			return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
-		}
-		name, ok := eventOf[key]
-		if !ok {
-			return fmt.Errorf("reconcile: usage logs name the meter %q, which the catalog does not hold", key)
-		}
-		sums[rowKey{cus, name, day}] += n
-		late[rowKey{cus, name, day}] += l
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("reconcile: reading billed overage of meters: %w", err)
-	}
-	return nil
-}
-
-// billedOnMetersQuery sums the billed overage of the other meters per
-// (customer, day, meter) over ts in [$1 - $3 seconds, $2), of the tenants
-// $4 when tenants is set.
-func billedOnMetersQuery(tenants bool) string {
-	q := `SELECT cus, day, k, sum(o)::bigint, coalesce(sum(o) FILTER (WHERE late), 0)::bigint
-		FROM (SELECT t.stripe_customer_id AS cus, ` + fmt.Sprintf(billingDaySQL, "x.l", "x.k") + ` AS day, x.k, x.o,
-				coalesce(u.stripe_timestamp = 'reported', false) AS late
-			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-			CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage, u.meter_leads) AS x (k, o, l)
-			WHERE u.ts >= $1::timestamptz - make_interval(secs => $3) AND u.ts < $2
-				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND u.meter_keys IS NOT NULL AND ` + usagelog.Is("u.billing_status", usagelog.StatusBilled)
-	if tenants {
-		q += ` AND u.tenant_id = ANY($4)`
-	}
-	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-		AND day < to_char($2::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
-		GROUP BY 1, 2, 3`
-}
-
-// rangeSettingsSQL opens the transaction of each read of a range of ts:
-// the range is read through usage_logs_ts (BRIN, 0050) whatever the
-// statistics say. The planner costs a BRIN index by the correlation of
-// ts with the table's order, which it knows only from ANALYZE: never
-// analysed, or analysed while the day asked held every row, it would read
-// the whole table instead. Planned for each execution, without JIT (a
-// plan that must keep a disabled scan is costed far above jit_above_cost).
-const rangeSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true),
-	set_config('jit', 'off', true)`
-
-// rangeDB returns a read-only transaction of db opened by rangeSettingsSQL
-// when db can begin one (a pool), else db as it is, and what ends it.
-func rangeDB(ctx context.Context, db overage.DB) (overage.DB, func(), error) {
-	b, ok := db.(interface {
-		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
-	})
-	if !ok {
-		return db, func() {}, nil
-	}
-	tx, err := b.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: %w", err)
-	}
-	done := func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }
-	if _, err := tx.Exec(ctx, rangeSettingsSQL); err != nil {
-		done()
-		return nil, nil, fmt.Errorf("reconcile: %w", err)
-	}
-	return tx, done, nil
 }
 
 // summaries reads Stripe's daily summaries for every customer and meter.
@@ -696,7 +525,7 @@ func integral(v float64) (int64, bool) {
 // TooRecentWindows lists the too_recent rows' (customer, day) windows that
 // are too recent because of billing activity rather than the day's end, in
 // row order, without repeats.
-func (r *Report) TooRecentWindows() []string {
+func (r *Result) TooRecentWindows() []string {
 	var out []string
 	for _, row := range r.Rows {
 		if row.Status == StatusTooRecent && row.Reason == ReasonRecentActivity {

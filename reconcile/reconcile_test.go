@@ -18,6 +18,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
@@ -33,7 +34,7 @@ const (
 	inMeter   = "llm_input_tokens"
 	outMeter  = "llm_output_tokens"
 	// settled judges every window that has ended: the clean run's billing
-	// happened before the report, so no row is too recent for activity.
+	// happened before the run, so no row is too recent for activity.
 	settled = time.Nanosecond
 )
 
@@ -127,7 +128,7 @@ func (f *fixture) record(t *testing.T, customer string, ts time.Time, in, out in
 }
 
 // runWorkers runs the real workers until every id is billed, then stops
-// them, so the report sees a still pipeline.
+// them, so the reconcile run sees a still pipeline.
 func (f *fixture) runWorkers(t *testing.T, ids []uuid.UUID) {
 	t.Helper()
 	f.runWorkersGrace(t, fixtureGrace, ids)
@@ -149,22 +150,14 @@ func (f *fixture) runWorkersGrace(t *testing.T, grace time.Duration, ids []uuid.
 			t.Errorf("workers stopped with %v", err)
 		}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for _, id := range ids {
-		for {
-			var s overage.BillingStatus
-			if err := f.pool.QueryRow(context.Background(), "SELECT billing_status FROM usage_logs WHERE id = $1", id).Scan(&s); err != nil {
-				t.Fatal(err)
-			}
-			if s == overage.BillingStatusBilled {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("usage log %s is %s, not billed, after 30s", id, s)
-			}
-			time.Sleep(20 * time.Millisecond)
+	polltest.Until(t, fmt.Sprintf("%d usage logs billed", len(ids)), 30*time.Second, func() bool {
+		var unbilled int
+		if err := f.pool.QueryRow(context.Background(), "SELECT count(*) FROM usage_logs WHERE id = ANY($1) AND billing_status <> $2",
+			ids, overage.BillingStatusBilled).Scan(&unbilled); err != nil {
+			t.Fatal(err)
 		}
-	}
+		return unbilled == 0
+	})
 }
 
 // billInDatabaseOnly records a usage log and marks it billed in SQL at
@@ -182,21 +175,21 @@ func (f *fixture) billInDatabaseOnly(t *testing.T, customer string, ts time.Time
 	return id
 }
 
-func (f *fixture) run(t *testing.T, p reconcile.Params) *reconcile.Report {
+func (f *fixture) run(t *testing.T, p reconcile.Params) *reconcile.Result {
 	t.Helper()
 	if p.From.IsZero() {
 		p.From, p.To = f.yesterday, f.today
 	}
-	rep, err := reconcile.Run(context.Background(), f.pool, f.reader, p)
+	res, err := reconcile.Run(context.Background(), f.pool, f.reader, p)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	return rep
+	return res
 }
 
-func rowsOf(rep *reconcile.Report, status reconcile.Status) []reconcile.Row {
+func rowsOf(res *reconcile.Result, status reconcile.Status) []reconcile.Row {
 	var out []reconcile.Row
-	for _, r := range rep.Rows {
+	for _, r := range res.Rows {
 		if r.Status == status {
 			out = append(out, r)
 		}
@@ -204,9 +197,9 @@ func rowsOf(rep *reconcile.Report, status reconcile.Status) []reconcile.Row {
 	return out
 }
 
-func dumpRows(rep *reconcile.Report) string {
+func dumpRows(res *reconcile.Result) string {
 	var b strings.Builder
-	for _, r := range rep.Rows {
+	for _, r := range res.Rows {
 		fmt.Fprintf(&b, "\n  %+v", r)
 	}
 	return b.String()
@@ -219,7 +212,7 @@ func TestCleanRunMatchesThenNamesTheUnappliedLog(t *testing.T) {
 
 	// (a) After a clean run every judged window matches; today is too
 	// recent, since its window has not ended.
-	rep := f.run(t, reconcile.Params{SettleAfter: settled})
+	res := f.run(t, reconcile.Params{SettleAfter: settled})
 	want := map[string]reconcile.Row{}
 	for _, r := range []reconcile.Row{
 		{Customer: "cus_a", Meter: inMeter, Day: y, Database: 150, Stripe: 150, Status: reconcile.StatusMatch},
@@ -235,42 +228,42 @@ func TestCleanRunMatchesThenNamesTheUnappliedLog(t *testing.T) {
 	} {
 		want[r.Customer+"|"+r.Meter+"|"+r.Day] = r
 	}
-	if len(rep.Rows) != len(want) {
-		t.Fatalf("%d rows, want %d:%s", len(rep.Rows), len(want), dumpRows(rep))
+	if len(res.Rows) != len(want) {
+		t.Fatalf("%d rows, want %d:%s", len(res.Rows), len(want), dumpRows(res))
 	}
-	for _, r := range rep.Rows {
+	for _, r := range res.Rows {
 		if w, ok := want[r.Customer+"|"+r.Meter+"|"+r.Day]; !ok || r != w {
 			t.Errorf("row %+v, want %+v", r, w)
 		}
 	}
-	if !rep.OK() || rep.Matches != 6 || rep.Differences != 0 || rep.TooRecent != 4 || rep.TooRecentFrom != d {
+	if !res.OK() || res.Matches != 6 || res.Differences != 0 || res.TooRecent != 4 || res.TooRecentFrom != d {
 		t.Fatalf("clean run: OK %v, %d matches, %d differences, %d too recent (from %q)%s",
-			rep.OK(), rep.Matches, rep.Differences, rep.TooRecent, rep.TooRecentFrom, dumpRows(rep))
+			res.OK(), res.Matches, res.Differences, res.TooRecent, res.TooRecentFrom, dumpRows(res))
 	}
-	if len(rep.Customers) != 4 || len(rep.Meters) != 2 ||
-		len(rep.Meters[0].MeterIDs) != 1 || rep.Meters[0].MeterIDs[0] != f.emu.MeterID(inMeter) {
-		t.Errorf("scope: customers %+v, meters %+v", rep.Customers, rep.Meters)
+	if len(res.Customers) != 4 || len(res.Meters) != 2 ||
+		len(res.Meters[0].MeterIDs) != 1 || res.Meters[0].MeterIDs[0] != f.emu.MeterID(inMeter) {
+		t.Errorf("scope: customers %+v, meters %+v", res.Customers, res.Meters)
 	}
 
 	// (b) One more log billed in the database, never sent: exactly one
 	// difference, naming its customer, meter and day, with the numbers.
 	f.billInDatabaseOnly(t, "cus_b", f.yesterday.Add(18*time.Hour), 40, 0, "now()")
-	rep = f.run(t, reconcile.Params{SettleAfter: settled})
-	diffs := rowsOf(rep, reconcile.StatusDifference)
+	res = f.run(t, reconcile.Params{SettleAfter: settled})
+	diffs := rowsOf(res, reconcile.StatusDifference)
 	wantDiff := reconcile.Row{Customer: "cus_b", Meter: inMeter, Day: y, Database: 240, Stripe: 200, Delta: -40, Status: reconcile.StatusDifference}
-	if rep.OK() || rep.Differences != 1 || len(diffs) != 1 || diffs[0] != wantDiff || rep.Rows[0] != wantDiff {
-		t.Fatalf("after a log billed only in the database: OK %v, differences %+v, want exactly %+v%s", rep.OK(), diffs, wantDiff, dumpRows(rep))
+	if res.OK() || res.Differences != 1 || len(diffs) != 1 || diffs[0] != wantDiff || res.Rows[0] != wantDiff {
+		t.Fatalf("after a log billed only in the database: OK %v, differences %+v, want exactly %+v%s", res.OK(), diffs, wantDiff, dumpRows(res))
 	}
-	if rep.Matches != 5 || rep.TooRecent != 4 {
-		t.Errorf("%d matches, %d too recent; want 5 and 4", rep.Matches, rep.TooRecent)
+	if res.Matches != 5 || res.TooRecent != 4 {
+		t.Errorf("%d matches, %d too recent; want 5 and 4", res.Matches, res.TooRecent)
 	}
 
 	var buf bytes.Buffer
-	if err := reconcile.WriteText(&buf, rep); err != nil {
+	if err := reconcile.WriteText(&buf, res); err != nil {
 		t.Fatal(err)
 	}
 	text := buf.String()
-	t.Logf("report:\n%s", text)
+	t.Logf("result:\n%s", text)
 	lines := strings.Split(text, "\n")
 	if !strings.HasPrefix(lines[1], "STATUS") ||
 		!regexp.MustCompile(`^difference\s+cus_b\s+llm_input_tokens\s+`+y+`\s+240\s+200\s+-40\s+billed in the database, not applied at Stripe$`).MatchString(lines[2]) {
@@ -281,13 +274,13 @@ func TestCleanRunMatchesThenNamesTheUnappliedLog(t *testing.T) {
 		t.Errorf("summary or too-recent line missing:\n%s", text)
 	}
 
-	js, err := json.Marshal(rep)
+	js, err := json.Marshal(res)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var decoded struct {
 		Rows []map[string]any `json:"rows"`
-		reconcile.Report
+		reconcile.Result
 	}
 	if err := json.Unmarshal(js, &decoded); err != nil {
 		t.Fatal(err)
@@ -311,10 +304,10 @@ func TestCleanRunMatchesThenNamesTheUnappliedLog(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	rep = f.run(t, reconcile.Params{SettleAfter: settled})
-	diffs = rowsOf(rep, reconcile.StatusDifference)
+	res = f.run(t, reconcile.Params{SettleAfter: settled})
+	diffs = rowsOf(res, reconcile.StatusDifference)
 	extra := reconcile.Row{Customer: "cus_a", Meter: inMeter, Day: y, Database: 150, Stripe: 175, Delta: 25, Status: reconcile.StatusDifference}
-	if rep.Differences != 2 || len(diffs) != 2 || diffs[0] != extra || diffs[1] != wantDiff {
+	if res.Differences != 2 || len(diffs) != 2 || diffs[0] != extra || diffs[1] != wantDiff {
 		t.Fatalf("after an event Stripe took for a needs_review log: differences %+v, want %+v and %+v", diffs, extra, wantDiff)
 	}
 }
@@ -327,22 +320,22 @@ func TestTooRecentWindowsAreNotDifferences(t *testing.T) {
 
 	// A settle time covering yesterday and today: nothing can be judged,
 	// so the unapplied log is reported too recent, not different.
-	rep := f.run(t, reconcile.Params{SettleAfter: 48 * time.Hour})
-	if !rep.OK() || rep.Differences != 0 || rep.Matches != 0 || rep.TooRecent != len(rep.Rows) || rep.TooRecentFrom != y {
+	res := f.run(t, reconcile.Params{SettleAfter: 48 * time.Hour})
+	if !res.OK() || res.Differences != 0 || res.Matches != 0 || res.TooRecent != len(res.Rows) || res.TooRecentFrom != y {
 		t.Fatalf("OK %v, %d differences, %d matches, %d too recent of %d rows, from %q%s",
-			rep.OK(), rep.Differences, rep.Matches, rep.TooRecent, len(rep.Rows), rep.TooRecentFrom, dumpRows(rep))
+			res.OK(), res.Differences, res.Matches, res.TooRecent, len(res.Rows), res.TooRecentFrom, dumpRows(res))
 	}
 	found := false
-	for _, r := range rep.Rows {
+	for _, r := range res.Rows {
 		if r.Customer == "cus_b" && r.Meter == inMeter && r.Day == y {
 			found = r.Database == 240 && r.Stripe == 200 && r.Reason == reconcile.ReasonWindowOpen
 		}
 	}
 	if !found {
-		t.Errorf("the unapplied window is not reported too recent with its numbers:%s", dumpRows(rep))
+		t.Errorf("the unapplied window is not reported too recent with its numbers:%s", dumpRows(res))
 	}
 	var buf bytes.Buffer
-	if err := reconcile.WriteText(&buf, rep); err != nil {
+	if err := reconcile.WriteText(&buf, res); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(buf.String(), "NOT JUDGED: nothing could be compared yet: 0 difference(s), 0 match(es), 10 too recent to judge") ||
@@ -355,14 +348,14 @@ func TestTooRecentWindowsAreNotDifferences(t *testing.T) {
 	old := f.today.Add(-3 * 24 * time.Hour)
 	id := f.billInDatabaseOnly(t, "cus_a", old.Add(time.Hour), 30, 0, "now()")
 	p := reconcile.Params{From: old, To: old, SettleAfter: time.Hour}
-	rep = f.run(t, p)
+	res = f.run(t, p)
 	want := reconcile.Row{Customer: "cus_a", Meter: inMeter, Day: f.day(old), Database: 30, Stripe: 0, Delta: -30,
 		Status: reconcile.StatusTooRecent, Reason: reconcile.ReasonRecentActivity}
-	if len(rep.Rows) != 1 || rep.Rows[0] != want || !rep.OK() || rep.TooRecentFrom != "" {
-		t.Fatalf("recently billed old window: %+v, want %+v", rep.Rows, want)
+	if len(res.Rows) != 1 || res.Rows[0] != want || !res.OK() || res.TooRecentFrom != "" {
+		t.Fatalf("recently billed old window: %+v, want %+v", res.Rows, want)
 	}
 	buf.Reset()
-	if err := reconcile.WriteText(&buf, rep); err != nil {
+	if err := reconcile.WriteText(&buf, res); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(buf.String(), "cus_a "+f.day(old)+" (billing activity after the cutoff)") {
@@ -372,10 +365,10 @@ func TestTooRecentWindowsAreNotDifferences(t *testing.T) {
 		input_accepted_at = now() - interval '2 hours', billed_at = now() - interval '2 hours' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	rep = f.run(t, p)
+	res = f.run(t, p)
 	want.Status, want.Reason = reconcile.StatusDifference, ""
-	if len(rep.Rows) != 1 || rep.Rows[0] != want || rep.OK() {
-		t.Fatalf("settled old window: %+v, want %+v", rep.Rows, want)
+	if len(res.Rows) != 1 || res.Rows[0] != want || res.OK() {
+		t.Fatalf("settled old window: %+v, want %+v", res.Rows, want)
 	}
 }
 
@@ -391,30 +384,30 @@ func TestTenantFilterLimitsTheScope(t *testing.T) {
 	}
 
 	a := f.tenants["cus_a"].ID
-	rep := f.run(t, reconcile.Params{TenantID: &a, SettleAfter: settled})
-	if !rep.OK() || rep.Matches != 2 || rep.TooRecent != 2 || len(rep.Customers) != 1 ||
-		rep.Customers[0].StripeCustomerID != "cus_a" || len(rep.Customers[0].Tenants) != 1 || rep.Customers[0].Tenants[0].ID != a {
-		t.Fatalf("tenant cus_a: OK %v, customers %+v%s", rep.OK(), rep.Customers, dumpRows(rep))
+	res := f.run(t, reconcile.Params{TenantID: &a, SettleAfter: settled})
+	if !res.OK() || res.Matches != 2 || res.TooRecent != 2 || len(res.Customers) != 1 ||
+		res.Customers[0].StripeCustomerID != "cus_a" || len(res.Customers[0].Tenants) != 1 || res.Customers[0].Tenants[0].ID != a {
+		t.Fatalf("tenant cus_a: OK %v, customers %+v%s", res.OK(), res.Customers, dumpRows(res))
 	}
-	for _, r := range rep.Rows {
+	for _, r := range res.Rows {
 		if r.Customer != "cus_a" {
 			t.Errorf("row of another customer: %+v", r)
 		}
 	}
 
 	b := f.tenants["cus_b"].ID
-	rep = f.run(t, reconcile.Params{TenantID: &b, SettleAfter: settled})
-	if rep.OK() || rep.Differences != 1 || rep.Rows[0].Customer != "cus_b" || rep.Rows[0].Delta != -40 {
-		t.Fatalf("tenant cus_b: %s", dumpRows(rep))
+	res = f.run(t, reconcile.Params{TenantID: &b, SettleAfter: settled})
+	if res.OK() || res.Differences != 1 || res.Rows[0].Customer != "cus_b" || res.Rows[0].Delta != -40 {
+		t.Fatalf("tenant cus_b: %s", dumpRows(res))
 	}
 
 	// Without a filter every tenant's customer is in scope; a customer no
 	// tenant has is not (its usage is another system's business).
-	rep = f.run(t, reconcile.Params{SettleAfter: settled})
-	if rep.Differences != 1 || len(rep.Customers) != 4 {
-		t.Fatalf("all tenants: %d differences, customers %+v", rep.Differences, rep.Customers)
+	res = f.run(t, reconcile.Params{SettleAfter: settled})
+	if res.Differences != 1 || len(res.Customers) != 4 {
+		t.Fatalf("all tenants: %d differences, customers %+v", res.Differences, res.Customers)
 	}
-	for _, r := range rep.Rows {
+	for _, r := range res.Rows {
 		if r.Customer == "cus_stranger" {
 			t.Errorf("a customer without a tenant was reconciled: %+v", r)
 		}
@@ -469,7 +462,7 @@ func TestPaginationOfMetersAndSummaries(t *testing.T) {
 	a, _ := json.Marshal(whole)
 	b, _ := json.Marshal(paged)
 	if !bytes.Equal(a, b) {
-		t.Fatalf("paged report differs:\n%s\n%s", a, b)
+		t.Fatalf("paged result differs:\n%s\n%s", a, b)
 	}
 	if !paged.OK() || paged.Matches != 6 || paged.TooRecent != 4 {
 		t.Fatalf("paged: %s", dumpRows(paged))
@@ -479,17 +472,17 @@ func TestPaginationOfMetersAndSummaries(t *testing.T) {
 func TestMissingMeterMakesEveryBilledWindowADifference(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, emulator.Options{})
-	rep := f.run(t, reconcile.Params{MeterOutputEvent: "llm_output_tokenz", SettleAfter: settled})
-	if rep.OK() || rep.Differences != 3 || len(rep.Meters[1].MeterIDs) != 0 {
-		t.Fatalf("misnamed output meter: %d differences, meters %+v%s", rep.Differences, rep.Meters, dumpRows(rep))
+	res := f.run(t, reconcile.Params{MeterOutputEvent: "llm_output_tokenz", SettleAfter: settled})
+	if res.OK() || res.Differences != 3 || len(res.Meters[1].MeterIDs) != 0 {
+		t.Fatalf("misnamed output meter: %d differences, meters %+v%s", res.Differences, res.Meters, dumpRows(res))
 	}
-	for _, r := range rowsOf(rep, reconcile.StatusDifference) {
+	for _, r := range rowsOf(res, reconcile.StatusDifference) {
 		if r.Meter != "llm_output_tokenz" || r.Stripe != 0 || r.Database <= 0 {
 			t.Errorf("difference %+v", r)
 		}
 	}
 	var buf bytes.Buffer
-	if err := reconcile.WriteText(&buf, rep); err != nil {
+	if err := reconcile.WriteText(&buf, res); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(buf.String(), `warning: Stripe has no meter with event name "llm_output_tokenz"`) {
@@ -527,14 +520,14 @@ func TestParamsAreValidated(t *testing.T) {
 
 	// An empty database against an empty Stripe: nothing to compare, OK,
 	// and the days are inclusive and truncated to UTC days.
-	rep, err := reconcile.Run(context.Background(), pool, reader, reconcile.Params{
+	res, err := reconcile.Run(context.Background(), pool, reader, reconcile.Params{
 		From: day.Add(13 * time.Hour), To: day.Add(25 * time.Hour), Now: day.Add(30 * 24 * time.Hour),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.OK() || len(rep.Rows) != 0 || rep.From != "2026-11-29" || rep.To != "2026-11-30" || rep.TooRecentFrom != "" {
-		t.Fatalf("empty: %+v", rep)
+	if !res.OK() || len(res.Rows) != 0 || res.From != "2026-11-29" || res.To != "2026-11-30" || res.TooRecentFrom != "" {
+		t.Fatalf("empty: %+v", res)
 	}
 
 	for _, tc := range []struct {
@@ -566,10 +559,10 @@ func TestMetersAreReconciledByTheirEventNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := f.run(t, reconcile.Params{SettleAfter: settled, Meters: ms})
+	res := f.run(t, reconcile.Params{SettleAfter: settled, Meters: ms})
 	y := f.day(f.yesterday)
 	got := map[string]reconcile.Row{}
-	for _, r := range rep.Rows {
+	for _, r := range res.Rows {
 		got[r.Customer+"|"+r.Meter+"|"+r.Day] = r
 		if r.Meter == outMeter {
 			t.Errorf("a row on the default output meter, which took nothing: %+v", r)
@@ -581,8 +574,8 @@ func TestMetersAreReconciledByTheirEventNames(t *testing.T) {
 			t.Errorf("%s m_output_tokens %s: %+v, want a match of %d", cus, y, r, want)
 		}
 	}
-	if !rep.OK() || len(rep.Meters) != 3 {
-		t.Fatalf("OK %v, meters %+v%s", rep.OK(), rep.Meters, dumpRows(rep))
+	if !res.OK() || len(res.Meters) != 3 {
+		t.Fatalf("OK %v, meters %+v%s", res.OK(), res.Meters, dumpRows(res))
 	}
 }
 
@@ -613,16 +606,16 @@ func TestUsageReportedLateIsMatchedOnItsBillingDay(t *testing.T) {
 	}
 
 	// Judged a day later, so today's window (where Stripe has it) has ended.
-	rep := f.run(t, reconcile.Params{From: usage, To: f.today, Now: f.today.Add(25 * time.Hour), SettleAfter: settled})
-	if !rep.OK() || rep.TooRecent != 0 {
-		t.Fatalf("a late log: OK %v, %d differences, %d too recent%s", rep.OK(), rep.Differences, rep.TooRecent, dumpRows(rep))
+	res := f.run(t, reconcile.Params{From: usage, To: f.today, Now: f.today.Add(25 * time.Hour), SettleAfter: settled})
+	if !res.OK() || res.TooRecent != 0 {
+		t.Fatalf("a late log: OK %v, %d differences, %d too recent%s", res.OK(), res.Differences, res.TooRecent, dumpRows(res))
 	}
 	want := map[string]reconcile.Row{
 		inMeter:  {Customer: "cus_late", Meter: inMeter, Day: f.day(f.today), Database: 60, Stripe: 60, ReportedLate: 60, Status: reconcile.StatusMatch},
 		outMeter: {Customer: "cus_late", Meter: outMeter, Day: f.day(f.today), Database: 4, Stripe: 4, ReportedLate: 4, Status: reconcile.StatusMatch},
 	}
 	n := 0
-	for _, r := range rep.Rows {
+	for _, r := range res.Rows {
 		if r.Customer != "cus_late" {
 			continue
 		}
@@ -632,10 +625,10 @@ func TestUsageReportedLateIsMatchedOnItsBillingDay(t *testing.T) {
 		}
 	}
 	if n != 2 {
-		t.Fatalf("%d rows of cus_late, want 2 (today's, none on its usage day)%s", n, dumpRows(rep))
+		t.Fatalf("%d rows of cus_late, want 2 (today's, none on its usage day)%s", n, dumpRows(res))
 	}
 	var buf bytes.Buffer
-	if err := reconcile.WriteText(&buf, rep); err != nil {
+	if err := reconcile.WriteText(&buf, res); err != nil {
 		t.Fatal(err)
 	}
 	if !regexp.MustCompile(`match\s+cus_late\s+llm_input_tokens\s+` + f.day(f.today) + `\s+60\s+60\s+0\s+database includes 60 of earlier days' usage, reported late`).MatchString(buf.String()) {

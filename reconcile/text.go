@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 )
 
-// Notes of difference rows in the text report.
+// Notes of difference rows in the text result.
 const (
 	noteMissingAtStripe = "billed in the database, not applied at Stripe"
 	noteExtraAtStripe   = "applied at Stripe, not billed in the database"
@@ -19,7 +19,7 @@ const (
 // WriteText prints r for a human: a header, an aligned table with the
 // differences first (each naming customer, meter and day), a line saying
 // which windows are too recent to judge, and the verdict.
-func WriteText(w io.Writer, r *Report) error {
+func WriteText(w io.Writer, r *Result) error {
 	ew := &errWriter{w: w}
 	scope := "all tenants"
 	if r.TenantID != nil {
@@ -88,10 +88,10 @@ func WriteText(w io.Writer, r *Report) error {
 		recent = append(recent, w+" (billing activity after the cutoff)")
 	}
 	if len(recent) == 0 {
-		ew.printf("too recent to judge: none (settle cutoff %s, %s before the report)\n",
+		ew.printf("too recent to judge: none (settle cutoff %s, %s before the run)\n",
 			r.SettleCutoff.UTC().Format("2006-01-02T15:04:05Z"), r.SettleAfterText)
 	} else {
-		ew.printf("too recent to judge (Stripe's summaries are eventually consistent; settle cutoff %s, %s before the report): %s\n",
+		ew.printf("too recent to judge (Stripe's summaries are eventually consistent; settle cutoff %s, %s before the run): %s\n",
 			r.SettleCutoff.UTC().Format("2006-01-02T15:04:05Z"), r.SettleAfterText, strings.Join(recent, "; "))
 	}
 	verdict := "OK: everything judged matches"

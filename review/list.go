@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/usagelog"
@@ -78,57 +77,16 @@ type ListParams struct {
 // List returns the usage logs waiting for an operator (p narrows them),
 // oldest first (by when they were recorded). It is the one list of them:
 // `overage review list` and `overage status` both print it. It never
-// returns nil, so the JSON of an empty list is [].
-//
-// It walks the tenants and, per tenant, the partial index of parked logs
-// (migrations/0022), so it reads only the logs it returns, however large
-// the table; the constant IN lets the planner prove that index applies
-// whatever statuses are passed, which is why only those two may be.
+// returns nil, so the JSON of an empty list is []. The logs are read by
+// usagelog.ListParked.
 func List(ctx context.Context, db overage.DB, p ListParams) ([]Item, error) {
-	statuses := []string{string(usagelog.StatusNeedsReview), string(usagelog.StatusFailed)}
-	if len(p.Statuses) > 0 {
-		statuses = statuses[:0]
-		for _, s := range p.Statuses {
-			if s != usagelog.StatusNeedsReview && s != usagelog.StatusFailed {
-				return nil, fmt.Errorf("list usage logs to review: status %q is not one an operator reviews (needs_review, failed)", s)
-			}
-			statuses = append(statuses, string(s))
-		}
-	}
-	var limit *int
-	if p.Limit > 0 {
-		limit = &p.Limit
-	}
-	rows, err := db.Query(ctx, `
-		SELECT u.id, t.id, t.name, t.stripe_customer_id, u.billing_status, coalesce(u.billing_message, ''),
-			u.first_attempt_at, u.ts, u.created_at, u.overage_input_tokens, u.overage_output_tokens,
-			u.input_accepted_at, u.output_accepted_at, u.input_report_lead, u.output_report_lead
-		FROM tenants t
-		CROSS JOIN LATERAL (
-			SELECT * FROM usage_logs u
-			WHERE u.tenant_id = t.id AND u.billing_status = ANY($2)
-				AND `+usagelog.In("u.billing_status", usagelog.StatusNeedsReview, usagelog.StatusFailed)+`
-		) u
-		WHERE $1::uuid IS NULL OR t.id = $1::uuid
-		ORDER BY u.created_at, u.id
-		LIMIT $3::int`, p.TenantID, statuses, limit)
+	parked, err := usagelog.ListParked(ctx, db, usagelog.ParkedParams{TenantID: p.TenantID, Statuses: p.Statuses, Limit: p.Limit})
 	if err != nil {
-		return nil, fmt.Errorf("list usage logs to review: %w", err)
+		return nil, err
 	}
-	items, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Item, error) {
-		var it Item
-		err := row.Scan(&it.UsageLogID, &it.TenantID, &it.TenantName, &it.StripeCustomerID, &it.Status, &it.Reason,
-			&it.FirstAttemptAt, &it.Timestamp, &it.CreatedAt, &it.OverageInputTokens, &it.OverageOutputTokens,
-			&it.InputAcceptedAt, &it.OutputAcceptedAt, &it.InputReportLead, &it.OutputReportLead)
-		it.Timestamp, it.CreatedAt = it.Timestamp.UTC(), it.CreatedAt.UTC()
-		it.FirstAttemptAt, it.InputAcceptedAt, it.OutputAcceptedAt = utc(it.FirstAttemptAt), utc(it.InputAcceptedAt), utc(it.OutputAcceptedAt)
-		return it, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list usage logs to review: %w", err)
-	}
-	if items == nil {
-		items = []Item{}
+	items := make([]Item, len(parked))
+	for i, l := range parked {
+		items[i] = Item(l)
 	}
 	return items, nil
 }

@@ -297,3 +297,14 @@ func joinDims(dims []overage.Dimension) string {
 }
 
 func fmtTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// queueReport queues the tenant's report job in tx. A job already queued
+// for this batch period is reused rather than doubled; a job running right
+// now is no obstacle: the reopened reports are picked up by this one.
+func queueReport(ctx context.Context, tx pgx.Tx, inserter *outbox.Inserter, tenantID uuid.UUID) (*QueuedJob, error) {
+	res, err := inserter.InsertTenantReportTx(ctx, tx, tenantID)
+	if err != nil {
+		return nil, err
+	}
+	return &QueuedJob{ID: res.Job.ID, State: string(res.Job.State), ScheduledAt: res.Job.ScheduledAt.UTC(), Existing: res.UniqueSkippedAsDuplicate}, nil
+}

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
-	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/internal/page"
 )
 
@@ -264,7 +263,7 @@ func (s *Store) Update(ctx context.Context, id uuid.UUID, p UpdateParams) (*Deta
 	// $9 is the new secret (NULL when the URL is removed).
 	var secret *string
 	if p.AlertURL != nil && *p.AlertURL != "" {
-		sec, err := alerts.NewSecret()
+		sec, err := NewAlertSecret()
 		if err != nil {
 			return nil, fmt.Errorf("alert signing secret: %w", err)
 		}

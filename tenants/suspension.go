@@ -99,9 +99,9 @@ func (s *Store) liftTx(ctx context.Context, tx pgx.Tx, id uuid.UUID, oldCustomer
 		"sent to Stripe customer %s, deleted before Stripe's acceptance was recorded; resending to the tenant's new customer could bill twice or not at all: an operator must decide", oldCustomer)); err != nil {
 		return err
 	}
-	var waiting bool
-	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM usage_logs WHERE tenant_id = $1 AND billing_status = 'pending')`, id).Scan(&waiting); err != nil {
-		return fmt.Errorf("find the pending usage logs of tenant %s: %w", id, err)
+	waiting, err := usagelog.HasPending(ctx, tx, id)
+	if err != nil {
+		return err
 	}
 	if !waiting || s.reports == nil {
 		// Nothing waits, or no queue here: the sweep queues the job after

@@ -1,6 +1,15 @@
 // Package tenants creates tenants and their API keys and authenticates
 // requests. An API key is shown once, at creation, and stored only as its
 // SHA-256: a database dump reveals no usable key.
+//
+// The package owns the tables tenants, api_keys, tenant_subscriptions and
+// closed_periods (docs/architecture.md): every write of them is here, and
+// every statement about them; another package's statement may join
+// tenants read-only, by key, for a column it shows (a name, a Stripe
+// customer, an alert endpoint). Functions taking an overage.DB run in the
+// caller's transaction when the write must commit with the caller's own
+// (the Stripe webhooks: the event, its effect on the tenant and its
+// record commit together).
 package tenants
 
 import (
@@ -242,6 +251,15 @@ func (s *Store) RevokeKeyByID(ctx context.Context, tenantID, keyID uuid.UUID) (*
 	return k, nil
 }
 
+// RevokeOtherKeys revokes every active API key of the tenant but keep:
+// the demo's keys of earlier runs, which no one holds any more.
+func (s *Store) RevokeOtherKeys(ctx context.Context, tenantID, keep uuid.UUID) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1 AND id <> $2 AND revoked_at IS NULL`, tenantID, keep); err != nil {
+		return fmt.Errorf("revoke the other API keys of tenant %s: %w", tenantID, err)
+	}
+	return nil
+}
+
 // RevokeKey revokes an API key; requests with it are refused from then on.
 func (s *Store) RevokeKey(ctx context.Context, key string) error {
 	tag, err := s.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1 AND revoked_at IS NULL`, hashKey(key))
@@ -320,6 +338,21 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (*overage.Tenant, error) 
 		return nil, err
 	}
 	return t, nil
+}
+
+// Find returns the oldest tenant named name with the Stripe customer, and
+// false when there is none.
+func (s *Store) Find(ctx context.Context, name, customer string) (uuid.UUID, bool, error) {
+	var id uuid.UUID
+	err := s.pool.QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1 AND stripe_customer_id = $2 ORDER BY created_at, id LIMIT 1`,
+		name, customer).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return uuid.Nil, false, nil
+	}
+	if err != nil {
+		return uuid.Nil, false, fmt.Errorf("find tenant %s of %s: %w", name, customer, err)
+	}
+	return id, true, nil
 }
 
 func errTenantNotFound(id uuid.UUID) error {

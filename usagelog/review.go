@@ -32,7 +32,7 @@ type ReviewLog struct {
 
 // Reviewable reports whether an operator may resolve the log.
 func (l *ReviewLog) Reviewable() bool {
-	return l.Status == StatusNeedsReview || l.Status == StatusFailed
+	return l.Status == overage.BillingStatusNeedsReview || l.Status == overage.BillingStatusFailed
 }
 
 // Key is the identifier of the meter event carrying dimension d of the log.
@@ -67,9 +67,9 @@ func (s *Store) LockForReview(ctx context.Context, tx pgx.Tx, id uuid.UUID, wind
 // reportStateFor is the state an operator's decision gives the reports of a
 // log under review.
 var reportStateFor = map[overage.BillingStatus]ReportState{
-	StatusBilled:      ReportAccepted,
-	StatusNotBillable: ReportVoid,
-	StatusPending:     ReportOpen,
+	overage.BillingStatusBilled:      ReportAccepted,
+	overage.BillingStatusNotBillable: ReportVoid,
+	overage.BillingStatusPending:     ReportOpen,
 }
 
 // ResolveTx applies an operator's decision, in tx, to the usage log id

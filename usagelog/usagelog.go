@@ -24,6 +24,16 @@
 // needs_review < not_billable < pending — across the whole transaction, not
 // only within one row: two such transactions may wait for each other but
 // never in a cycle.
+//
+// Ownership. The package owns the tables usage_logs and usage_reports
+// (docs/architecture.md): every statement on them is here — ingest's
+// inserts aside — or is built from a fragment exported here (Is,
+// PeriodOfSQL, PeriodClosedSQL, OldestPendingSQL, CountersSQL) by a
+// package whose own tables the statement is about. So every shape in
+// which they are read, and the plan settings each needs, is in one place;
+// the billed sums per customer and meter are Billed, and only Billed.
+// Statements here may join tenants read-only, by key, for a column they
+// show; they never write it.
 package usagelog
 
 import (
@@ -40,18 +50,8 @@ import (
 	"github.com/overage-billing/overage"
 )
 
-// Statuses of a usage log, re-exported so callers of the store need no
-// second import to name them.
-const (
-	StatusPending     = overage.BillingStatusPending
-	StatusBilled      = overage.BillingStatusBilled
-	StatusNotBillable = overage.BillingStatusNotBillable
-	StatusNeedsReview = overage.BillingStatusNeedsReview
-	StatusFailed      = overage.BillingStatusFailed
-)
-
 // Statuses lists every billing status in the order finance prints them.
-var Statuses = []overage.BillingStatus{StatusBilled, StatusPending, StatusNotBillable, StatusNeedsReview, StatusFailed}
+var Statuses = []overage.BillingStatus{overage.BillingStatusBilled, overage.BillingStatusPending, overage.BillingStatusNotBillable, overage.BillingStatusNeedsReview, overage.BillingStatusFailed}
 
 // ReportState is where a report stands with Stripe.
 type ReportState string
@@ -176,9 +176,8 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Report, error) {
 //
 // The reports locked are updated by their ctid (a TID scan of the locked
 // rows, which no other transaction can move meanwhile). Joined back by
-// key, as it was, the planner without statistics drove the join from the
-// whole table: 320,990 pages read to claim none at 312,500 reports
-// (docs/plans.md).
+// key instead, the planner without statistics drives the join from the
+// whole table (docs/plans.md, "Claim").
 var claimSQL = `UPDATE usage_reports r SET lease_until = now() + make_interval(secs => $2)
 		WHERE r.ctid = ANY (ARRAY(SELECT ctid FROM usage_reports
 			WHERE tenant_id = $1 AND state = 'open' AND (lease_until IS NULL OR lease_until < now())
@@ -311,9 +310,9 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int
 	}
 	in, out := make([]bool, len(ids)), make([]bool, len(ids))
 	// The accepted lines of other meters, per log: their keys joined by
-	// commas (a key is [a-z0-9_]), NULL for none. (As (log, key) pairs
-	// grouped in SQL, the grouping of 30,000 pairs was a tenth of the
-	// statement and spilled to disk.)
+	// commas (a key is [a-z0-9_]), NULL for none, so SQL need not group
+	// (log, key) pairs, which spills to disk at batch sizes
+	// (docs/benchmarks.md, "Measurements behind the code").
 	extra := make([]*string, len(ids))
 	for i, id := range ids {
 		f := flags[id]
@@ -341,7 +340,7 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int
 // Fail marks an open report failed with Stripe's message, and its pending
 // members failed with it: nothing retrying can fix is retried.
 func (s *Store) Fail(ctx context.Context, r Report, msg string) (int64, error) {
-	return s.closeReport(ctx, r, ReportFailed, StatusFailed, msg, nil)
+	return s.closeReport(ctx, r, ReportFailed, overage.BillingStatusFailed, msg, nil)
 }
 
 // Park moves an open report whose first send is past the guard's cutoff (by
@@ -349,7 +348,7 @@ func (s *Store) Fail(ctx context.Context, r Report, msg string) (int64, error) {
 // resend could be applied twice by Stripe. It returns how many logs moved;
 // 0 when the report is not past the cutoff or no longer open.
 func (s *Store) Park(ctx context.Context, r Report, g Guard) (int64, error) {
-	return s.closeReport(ctx, r, ReportNeedsReview, StatusNeedsReview, "", &g)
+	return s.closeReport(ctx, r, ReportNeedsReview, overage.BillingStatusNeedsReview, "", &g)
 }
 
 // parkMessage says why a log waits for an operator, in the database's words.
@@ -459,9 +458,8 @@ const releaseSQL = `UPDATE usage_reports r SET lease_until = NULL
 // meters, their keys joined by commas, NULL for none). One pass over a
 // log's meter lines (m) gives both its new meter_accepted_at and whether
 // those lines are all accepted, and the completeness is decided once for
-// the three columns it sets: evaluated per column (four scans of the lines
-// a log), with three meters this statement cost about four times the
-// default meters' (docs/benchmarks.md, "Meters").
+// the three columns it sets, not per column (four scans of the lines a
+// log; docs/benchmarks.md, "Meters", has what that cost).
 func acceptMembersSQL(where string) string {
 	const done = `u.billing_status IN ('pending', 'needs_review')
 		AND (u.overage_input_tokens = 0 OR u.input_accepted_at IS NOT NULL OR v.i)

@@ -13,6 +13,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/tenants"
 )
 
 // SuspendedReason is the billing message of the reports of a tenant whose
@@ -198,21 +199,15 @@ func (p *Processor) subscription(ctx context.Context, tx pgx.Tx, ev *event, obj 
 	if ev.typ == "customer.subscription.deleted" && s.EndedAt > start && s.EndedAt < end {
 		end = s.EndedAt // the period the allowance follows ended with it
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO tenant_subscriptions AS s
-			(tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
-		SELECT t.id, $2, $3, $4, $5, $6 FROM tenants t WHERE t.stripe_customer_id = $1
-		ON CONFLICT (tenant_id, stripe_subscription_id) DO UPDATE SET
-			status = EXCLUDED.status, current_period_start = EXCLUDED.current_period_start,
-			current_period_end = EXCLUDED.current_period_end, event_created = EXCLUDED.event_created, updated_at = now()
-		WHERE s.event_created <= EXCLUDED.event_created`,
-		cus, s.ID, s.Status, time.Unix(start, 0).UTC(), time.Unix(end, 0).UTC(), ev.created)
+	n, err := tenants.ApplySubscription(ctx, tx, tenants.SubscriptionChange{Customer: cus, ID: s.ID, Status: s.Status,
+		Start: time.Unix(start, 0).UTC(), End: time.Unix(end, 0).UTC(), EventCreated: ev.created})
 	if err != nil {
-		return "", fmt.Errorf("apply subscription %s of %s: %w", s.ID, cus, err)
+		return "", err
 	}
-	if tag.RowsAffected() == 0 {
-		var n int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE stripe_customer_id = $1`, cus).Scan(&n); err != nil {
-			return "", fmt.Errorf("find tenant of %s: %w", cus, err)
+	if n == 0 {
+		n, err := tenants.CountOfCustomer(ctx, tx, cus)
+		if err != nil {
+			return "", err
 		}
 		if n == 0 {
 			return "no tenant", nil
@@ -229,12 +224,11 @@ func (p *Processor) customerDeleted(ctx context.Context, tx pgx.Tx, ev *event, o
 	if err := json.Unmarshal(obj, &c); err != nil || c.ID == "" {
 		return "", permanent{"customer object without id"}
 	}
-	tag, err := tx.Exec(ctx, `UPDATE tenants SET suspended_at = coalesce(suspended_at, $2), suspended_reason = $3
-		WHERE stripe_customer_id = $1`, c.ID, ev.created, SuspendedReason)
+	n, err := tenants.SuspendCustomer(ctx, tx, c.ID, ev.created, SuspendedReason)
 	if err != nil {
-		return "", fmt.Errorf("suspend tenant of %s: %w", c.ID, err)
+		return "", err
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return "no tenant", nil
 	}
 	p.logger.WarnContext(ctx, "tenant suspended: its Stripe customer was deleted", "stripe_customer_id", c.ID, "event_id", ev.id)
@@ -284,16 +278,14 @@ func (p *Processor) invoiceFinalized(ctx context.Context, tx pgx.Tx, ev *event, 
 	if inv.PeriodEnd <= inv.PeriodStart || end.After(ev.created) {
 		return "ignored: its period has not ended", nil
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO closed_periods (tenant_id, stripe_invoice_id, period_start, period_end, event_created)
-		SELECT t.id, $2, $3, $4, $5 FROM tenants t WHERE t.stripe_customer_id = $1
-		ON CONFLICT (tenant_id, stripe_invoice_id) DO NOTHING`, cus, inv.ID, start, end, ev.created)
+	n, err := tenants.ClosePeriods(ctx, tx, cus, inv.ID, start, end, ev.created)
 	if err != nil {
-		return "", fmt.Errorf("close the period of invoice %s of %s: %w", inv.ID, cus, err)
+		return "", err
 	}
-	if tag.RowsAffected() == 0 {
-		var n int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE stripe_customer_id = $1`, cus).Scan(&n); err != nil {
-			return "", fmt.Errorf("find tenant of %s: %w", cus, err)
+	if n == 0 {
+		n, err := tenants.CountOfCustomer(ctx, tx, cus)
+		if err != nil {
+			return "", err
 		}
 		if n == 0 {
 			return "no tenant", nil

@@ -17,6 +17,7 @@ import (
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient"
+	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/usagelog"
 )
 
@@ -104,13 +105,12 @@ func (w *ReportWorker) Work(ctx context.Context, job *river.Job[outbox.ReportArg
 	if err := outbox.ForgetBatches(ctx, w.pool, tenantID, job.Args.Batch); err != nil {
 		return err
 	}
-	var customer string
-	var suspended bool
-	if err := w.pool.QueryRow(ctx, `SELECT stripe_customer_id, suspended_at IS NOT NULL FROM tenants WHERE id = $1`, tenantID).
-		Scan(&customer, &suspended); err != nil {
-		return fmt.Errorf("read tenant %s: %w", tenantID, err)
+	tb, err := tenants.ReadBilling(ctx, w.pool, tenantID)
+	if err != nil {
+		return err
 	}
-	if suspended {
+	customer := tb.StripeCustomerID
+	if tb.Suspended {
 		// Stripe no longer has the customer: nothing is sent, and nothing
 		// is failed either. The logs stay pending (open reports stay open,
 		// their window still counted) until an operator gives the tenant

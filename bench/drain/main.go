@@ -87,7 +87,7 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 		// it measures.
 		var pending bool
 		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-			WHERE `+usagelog.Is("u.billing_status", usagelog.StatusPending)+` AND t.stripe_customer_id <> ALL($1))`, hung).Scan(&pending); err != nil {
+			WHERE `+usagelog.Is("u.billing_status", overage.BillingStatusPending)+` AND t.stripe_customer_id <> ALL($1))`, hung).Scan(&pending); err != nil {
 			return err
 		}
 		if !pending {
@@ -100,7 +100,7 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 	}
 	elapsed := time.Since(start)
 	var billed int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE "+usagelog.Is("billing_status", usagelog.StatusBilled)).Scan(&billed); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE "+usagelog.Is("billing_status", overage.BillingStatusBilled)).Scan(&billed); err != nil {
 		return err
 	}
 	calls := benchkit.CountCalls(emu.Requests())

@@ -1,4 +1,4 @@
-// Command status measures the finance view at scale: it seeds usage logs
+// Command status measures the finance statement at scale: it seeds usage logs
 // across tenants with COPY, then times GET /v1/billing/status through the
 // real finance handler and router over loopback HTTP. It prints one JSON
 // line: seeding time, the time to rebuild the counters (which is also what
@@ -203,7 +203,7 @@ func measure(ctx context.Context, pool *pgxpool.Pool, o options, res *result) er
 	}
 	res.StatusColdMs = ms(cold)
 	res.StatusBytes = len(body)
-	var rep finance.Report
+	var rep finance.Statement
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return err
 	}

@@ -123,11 +123,11 @@ func TestChaos(t *testing.T) {
 
 	// Ingest over real HTTP, some requests sent twice (a client retry after
 	// a timeout) and some request_ids reused under a new key.
-	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
-	if err != nil {
+	var cfg app.ServeConfig
+	if err := cfg.Read(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := app.NewServer(context.Background(), cfg, slog.New(slog.DiscardHandler))
+	srv, err := app.NewServer(context.Background(), &cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -447,7 +447,7 @@ func TestChaos(t *testing.T) {
 		}
 	}
 
-	// The finance view agrees with the rows.
+	// The finance statement agrees with the rows.
 	out, _, err = runCmd(t, map[string]string{"DATABASE_URL": dbURL}, "status", "--json")
 	if err != nil {
 		t.Fatal(err)

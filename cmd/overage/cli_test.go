@@ -276,15 +276,15 @@ func TestVersionPrintsModuleVersionAndCommit(t *testing.T) {
 
 func TestReconcileSaysWhenNothingCouldBeJudged(t *testing.T) {
 	t.Parallel()
-	tooRecent := &reconcile.Report{From: "2026-11-29", To: "2026-11-30", TooRecentFrom: "2026-11-29",
+	tooRecent := &reconcile.Result{From: "2026-11-29", To: "2026-11-30", TooRecentFrom: "2026-11-29",
 		Rows: []reconcile.Row{{Status: reconcile.StatusTooRecent}}, TooRecent: 1}
 	if msg := nothingJudged(tooRecent); !strings.Contains(msg, "nothing could be judged yet") {
 		t.Fatalf("every window too recent: %q", msg)
 	}
-	if msg := nothingJudged(&reconcile.Report{From: "2026-11-30", To: "2026-11-30", TooRecentFrom: "2026-11-30"}); msg == "" {
+	if msg := nothingJudged(&reconcile.Result{From: "2026-11-30", To: "2026-11-30", TooRecentFrom: "2026-11-30"}); msg == "" {
 		t.Fatal("an empty range that is too recent said nothing")
 	}
-	judged := &reconcile.Report{From: "2026-11-01", To: "2026-11-02", Rows: []reconcile.Row{{Status: reconcile.StatusMatch}, {Status: reconcile.StatusTooRecent}}}
+	judged := &reconcile.Result{From: "2026-11-01", To: "2026-11-02", Rows: []reconcile.Row{{Status: reconcile.StatusMatch}, {Status: reconcile.StatusTooRecent}}}
 	if msg := nothingJudged(judged); msg != "" {
 		t.Fatalf("a range with a judged window: %q", msg)
 	}

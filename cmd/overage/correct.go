@@ -7,7 +7,6 @@ import (
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/ingest"
-	"github.com/overage-billing/overage/meters"
 )
 
 const correctSynopsis = "overage correct ID --input-tokens N --output-tokens M --reason TEXT [--key KEY]"
@@ -28,8 +27,14 @@ func cmdCorrect(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	id := ids[0]
-	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL", "REPORT_MAX_ATTEMPTS")
-	if err != nil {
+	// The ingest settings: the correction's report job takes the batch
+	// period and attempts serve's would, and a closed period's correction
+	// the time it is recorded.
+	var cfg struct {
+		db     app.DBConfig
+		ingest app.IngestConfig
+	}
+	if err := loadConfig(e, fs, rest, &cfg.db, &cfg.ingest); err != nil {
 		return err
 	}
 	if *in < 0 || *out < 0 || *reason == "" {
@@ -42,19 +47,12 @@ func cmdCorrect(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	tool, err := openTool(ctx, e, "correct", cfg.db, cfg.ingest.Report)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	// Insert-only and silent: River's logs are no part of a command's
-	// answer.
-	rc, err := app.NewInsertClient(pool, nil)
-	if err != nil {
-		return err
-	}
-	svc := ingest.NewService(pool, app.NewInserter(rc, cfg))
-	svc.UseMeters(meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent))
+	defer tool.Close()
+	svc := app.NewIngest(tool.Pool, tool.River, &cfg.ingest)
 	res, err := svc.Correct(ctx, ingest.CorrectParams{UsageLogID: id, Key: *key, Fingerprint: fp, InputTokens: *in, OutputTokens: *out, Reason: *reason})
 	if err != nil {
 		return fmt.Errorf("correct: %w", err)

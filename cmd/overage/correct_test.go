@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/tenants"
 )
@@ -62,5 +64,34 @@ func TestCorrectRecordsOnceAndReplays(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM usage_logs WHERE corrects = $1`, id).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("%d corrections (%v), want 1", n, err)
+	}
+}
+
+// TestCommandsThatQueueReportsWarnOfAnotherBatchDelay: correct, review
+// resolve and tenant update queue report jobs with their own
+// REPORT_BATCH_DELAY; with a live work on another one, each says so on
+// stderr, naming both, and says nothing beside a work with the same.
+func TestCommandsThatQueueReportsWarnOfAnotherBatchDelay(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewDatabase(t)
+	claim, _, err := app.ClaimBatchDelay(context.Background(), dbURL, "work", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(claim.Close)
+	const id = "0b0e7c2e-7d5d-4a43-9b35-6a4bb8d6b1f1" // no such log or tenant: the command fails after the check
+	for _, args := range [][]string{
+		{"correct", id, "--input-tokens", "1", "--output-tokens", "1", "--reason", "r"},
+		{"review", "resolve", id, "--as", "void", "--reason", "r"},
+		{"tenant", "update", id, "--name", "n"},
+	} {
+		for delay, warns := range map[string]bool{"": true, "5s": false} {
+			_, stderr, _ := runCmd(t, map[string]string{"DATABASE_URL": dbURL, "REPORT_BATCH_DELAY": delay}, args...)
+			warned := strings.Contains(stderr, "warning: REPORT_BATCH_DELAY disagrees: this "+args[0]) &&
+				strings.Contains(stderr, "runs with 1s, but a work process with 5s")
+			if warned != warns || (!warns && stderr != "") {
+				t.Errorf("%v with REPORT_BATCH_DELAY=%q beside a work with 5s: stderr %q", args[:2], delay, stderr)
+			}
+		}
 	}
 }

@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -18,10 +17,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/poll"
 	"github.com/overage-billing/overage/internal/testkit/flakyproxy"
@@ -199,27 +198,24 @@ func (d *demo) eventNames() []string {
 
 func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 	store := tenants.NewStore(d.pool)
-	var id uuid.UUID
-	err := d.pool.QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1 AND stripe_customer_id = $2 ORDER BY created_at, id LIMIT 1`,
-		p.Name, p.StripeCustomerID).Scan(&id)
-	reused := err == nil
+	id, reused, err := store.Find(ctx, p.Name, p.StripeCustomerID)
+	if err != nil {
+		return fmt.Errorf("find demo tenant %s: %w", p.Name, err)
+	}
 	var key string
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	if !reused {
 		c, err := store.Create(ctx, p)
 		if err != nil {
 			return fmt.Errorf("create demo tenant %s: %w", p.Name, err)
 		}
 		id, key = c.ID, c.APIKey
-	case err != nil:
-		return fmt.Errorf("find demo tenant %s: %w", p.Name, err)
-	default:
+	} else {
 		k, err := store.AddKey(ctx, id)
 		if err != nil {
 			return fmt.Errorf("new API key of demo tenant %s: %w", p.Name, err)
 		}
 		key = k.Key
-		if _, err := d.pool.Exec(ctx, `UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1 AND id <> $2 AND revoked_at IS NULL`, id, k.ID); err != nil {
+		if err := store.RevokeOtherKeys(ctx, id, k.ID); err != nil {
 			return fmt.Errorf("revoke earlier API keys of demo tenant %s: %w", p.Name, err)
 		}
 	}
@@ -236,10 +232,22 @@ func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 		if reused {
 			// Earlier runs this month used some of it: say what is left,
 			// or the table's "within the allowance" row would puzzle.
-			var in, out int64
-			if err := d.pool.QueryRow(ctx, `SELECT coalesce(sum(input_tokens), 0)::bigint, coalesce(sum(output_tokens), 0)::bigint
-				FROM allowance_usage WHERE tenant_id = $1 AND period_start = date_trunc('month', now(), 'UTC')`, id).Scan(&in, &out); err != nil {
+			// The tenant's usage as GET /v1/usage reads it, of this month
+			// in UTC.
+			now := time.Now().UTC()
+			month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+			u, err := alerts.ReadUsage(ctx, d.pool, id, &month, nil)
+			if err != nil {
 				return fmt.Errorf("allowance of demo tenant %s: %w", p.Name, err)
+			}
+			var in, out int64
+			for _, m := range u.Meters {
+				switch m.Meter {
+				case overage.MeterInput:
+					in = m.Used
+				case overage.MeterOutput:
+					out = m.Used
+				}
 			}
 			leftIn, leftOut := max(0, t.IncludedInputTokens-in), max(0, t.IncludedOutputTokens-out)
 			if leftIn == 0 && leftOut == 0 {
@@ -261,9 +269,8 @@ func (d *demo) tenant(ctx context.Context, p tenants.CreateParams) error {
 // the workers report them to this run's emulator, before the burst, so
 // they cannot mix into this run's reports.
 func (d *demo) drainEarlierRuns(ctx context.Context) error {
-	var n int64
-	if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = ANY($1) AND billing_status = $2`,
-		d.tenantIDs(), usagelog.StatusPending).Scan(&n); err != nil {
+	n, err := usagelog.CountInStatus(ctx, d.pool, d.tenantIDs(), overage.BillingStatusPending)
+	if err != nil {
 		return fmt.Errorf("count pending demo usage logs: %w", err)
 	}
 	if n == 0 {
@@ -365,31 +372,18 @@ func (l runLogs) total(status string) int64 {
 
 // counts returns this run's usage logs by tenant and billing status.
 func (d *demo) counts(ctx context.Context) (runLogs, error) {
-	rows, err := d.pool.Query(ctx, `SELECT tenant_id, billing_status, count(*) FROM usage_logs
-		WHERE tenant_id = ANY($1) AND request_id LIKE $2 GROUP BY 1, 2`, d.tenantIDs(), likePrefix(d.runPrefix))
+	byTenant, err := usagelog.CountRunByStatus(ctx, d.pool, d.tenantIDs(), d.runPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("count the demo's usage logs: %w", err)
 	}
 	out := runLogs{}
 	for _, t := range d.tenants {
 		out[t.id] = map[string]int64{}
-	}
-	var id uuid.UUID
-	var status string
-	var n int64
-	_, err = pgx.ForEachRow(rows, []any{&id, &status, &n}, func() error {
-		out[id][status] = n
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("count the demo's usage logs: %w", err)
+		for status, n := range byTenant[t.id] {
+			out[t.id][string(status)] = n
+		}
 	}
 	return out, nil
-}
-
-// likePrefix is a LIKE pattern matching strings that start with p.
-func likePrefix(p string) string {
-	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(p) + "%"
 }
 
 // progress redraws one status line in place on a terminal, and prints a
@@ -408,7 +402,7 @@ func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
 			return fmt.Sprintf("sent %d  accepted %d  (cannot count the logs: %v)", d.sent.Load(), d.accepted.Load(), err)
 		}
 		return fmt.Sprintf("sent %d  accepted %d  billed %d  within the allowance %d  pending %d",
-			d.sent.Load(), d.accepted.Load(), c.total(string(usagelog.StatusBilled)), c.total(string(usagelog.StatusNotBillable)), c.total(string(usagelog.StatusPending)))
+			d.sent.Load(), d.accepted.Load(), c.total(string(overage.BillingStatusBilled)), c.total(string(overage.BillingStatusNotBillable)), c.total(string(overage.BillingStatusPending)))
 	}
 	go func() {
 		defer close(done)
@@ -443,9 +437,8 @@ func (d *demo) progress(ctx context.Context, done chan<- struct{}) func() {
 func (d *demo) waitBilled(ctx context.Context, what string) error {
 	lastSweep := time.Now()
 	return poll.Wait(ctx, what, 3*time.Minute, 100*time.Millisecond, func() (bool, error) {
-		var pending int64
-		if err := d.pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = ANY($1) AND billing_status = $2`,
-			d.tenantIDs(), usagelog.StatusPending).Scan(&pending); err != nil {
+		pending, err := usagelog.CountInStatus(ctx, d.pool, d.tenantIDs(), overage.BillingStatusPending)
+		if err != nil {
 			return false, fmt.Errorf("count pending demo usage logs: %w", err)
 		}
 		if pending > 0 && time.Since(lastSweep) >= d.sweepGrace {
@@ -462,16 +455,7 @@ func (d *demo) waitBilled(ctx context.Context, what string) error {
 // billedByMeter returns this run's billed overage per Stripe customer and
 // meter event name, in the emulator's shape.
 func (d *demo) billedByMeter(ctx context.Context) (map[emulator.AppliedKey]int64, error) {
-	// The default meters' overage is in their columns, every other meter's
-	// in the logs' meter arrays (see docs/meters.md).
-	rows, err := d.pool.Query(ctx, `SELECT t.stripe_customer_id, m.meter, sum(m.overage)::bigint
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		CROSS JOIN LATERAL (
-			SELECT 'input' AS meter, u.overage_input_tokens AS overage
-			UNION ALL SELECT 'output', u.overage_output_tokens
-			UNION ALL SELECT x.k, x.o FROM unnest(u.meter_keys, u.meter_overage) AS x (k, o)) AS m
-		WHERE u.tenant_id = ANY($1) AND u.request_id LIKE $2 AND u.billing_status = $3 GROUP BY 1, 2`,
-		d.tenantIDs(), likePrefix(d.runPrefix), usagelog.StatusBilled)
+	totals, err := usagelog.BilledTotals(ctx, d.pool, d.tenantIDs(), d.runPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("the demo's billed totals: %w", err)
 	}
@@ -480,17 +464,12 @@ func (d *demo) billedByMeter(ctx context.Context) (map[emulator.AppliedKey]int64
 		return nil, err
 	}
 	billed := map[emulator.AppliedKey]int64{}
-	var customer, key string
-	var n int64
-	if _, err := pgx.ForEachRow(rows, []any{&customer, &key, &n}, func() error {
-		m, ok := cat.Meter(key)
+	for k, n := range totals {
+		m, ok := cat.Meter(k.Meter)
 		if !ok {
-			return fmt.Errorf("usage logs name the meter %q, which the catalog does not hold", key)
+			return nil, fmt.Errorf("the demo's billed totals: usage logs name the meter %q, which the catalog does not hold", k.Meter)
 		}
-		billed[emulator.AppliedKey{Customer: customer, EventName: m.EventName}] += n
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("the demo's billed totals: %w", err)
+		billed[emulator.AppliedKey{Customer: k.Customer, EventName: m.EventName}] += n
 	}
 	return billed, nil
 }
@@ -548,7 +527,7 @@ func (d *demo) report(ctx context.Context) error {
 	if twice != "" {
 		problems = append(problems, twice)
 	}
-	if n := logs.total(string(usagelog.StatusBilled)) + logs.total(string(usagelog.StatusNotBillable)); n != d.accepted.Load() {
+	if n := logs.total(string(overage.BillingStatusBilled)) + logs.total(string(overage.BillingStatusNotBillable)); n != d.accepted.Load() {
 		problems = append(problems, fmt.Sprintf("%s accepted but %d billed or within the allowance", plural(d.accepted.Load(), "event", "events"), n))
 	}
 	if len(problems) > 0 {

@@ -9,8 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/stripeclient/emulator"
-	"github.com/overage-billing/overage/usagelog"
 )
 
 // The demo's closing tables. Each is rows built by a small function from
@@ -115,17 +115,17 @@ func logRows(ts []demoTenant, logs runLogs) []tableRow {
 		return r
 	}
 	rows := []tableRow{header,
-		row("billed", "its overage accepted by Stripe", string(usagelog.StatusBilled)),
-		row("+ within the allowance", "no overage: nothing to bill", string(usagelog.StatusNotBillable)),
-		row("+ pending", "not billed yet", string(usagelog.StatusPending)),
+		row("billed", "its overage accepted by Stripe", string(overage.BillingStatusBilled)),
+		row("+ within the allowance", "no overage: nothing to bill", string(overage.BillingStatusNotBillable)),
+		row("+ pending", "not billed yet", string(overage.BillingStatusPending)),
 	}
-	for _, s := range []string{string(usagelog.StatusNeedsReview), string(usagelog.StatusFailed)} {
+	for _, s := range []string{string(overage.BillingStatusNeedsReview), string(overage.BillingStatusFailed)} {
 		if logs.total(s) > 0 {
 			rows = append(rows, row("+ "+strings.ReplaceAll(s, "_", " "), "", s))
 		}
 	}
-	all := []string{string(usagelog.StatusBilled), string(usagelog.StatusNotBillable), string(usagelog.StatusPending),
-		string(usagelog.StatusNeedsReview), string(usagelog.StatusFailed)}
+	all := []string{string(overage.BillingStatusBilled), string(overage.BillingStatusNotBillable), string(overage.BillingStatusPending),
+		string(overage.BillingStatusNeedsReview), string(overage.BillingStatusFailed)}
 	return append(rows, row("= stored, one per event", "", all...))
 }
 

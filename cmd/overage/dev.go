@@ -8,10 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/url"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -36,16 +36,15 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "dev", devSynopsis)
 	events := fs.Int("events", 300, "usage events in the demo burst")
 	keep := fs.Bool("keep-running", false, "keep serving after the demo, printing the URL and a curl command")
-	cfg, err := loadConfig(e, fs, args)
-	if err != nil {
+	var cfg app.DevConfig
+	if err := loadConfigWith(e, fs, args, devDefaults, &cfg); err != nil {
 		return err
 	}
-	devSettings(e.getenv, cfg)
-	logger := app.NewLogger(e.stderr, cfg.LogLevel)
+	logger := app.NewLogger(e.stderr, cfg.Serve.Log.Level)
 	out := e.stdout
 
 	var emu *emulator.Emulator
-	if cfg.StripeSecretKey == "" {
+	if cfg.Work.Stripe.SecretKey == "" {
 		// Faults on purpose: the demo shows that lost answers and errors
 		// never bill twice.
 		emu = emulator.New(emulator.Options{Seed: rand.Int64(), Faults: demoStripeFaults})
@@ -54,18 +53,19 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 			return fmt.Errorf("start the Stripe emulator: %w", err)
 		}
 		defer emu.Close()
-		cfg.StripeSecretKey, cfg.StripeAPIBase = "sk_test_overagedev", base
+		cfg.Work.Stripe = app.StripeConfig{SecretKey: "sk_test_overagedev", APIBase: base}
+		cfg.Serve.Stripe = cfg.Work.Stripe
 		fmt.Fprintf(out, "overage dev: reporting to the built-in Stripe emulator at %s — STRIPE_SECRET_KEY is unset, nothing is sent to Stripe\n", base)
 	} else {
-		fmt.Fprintf(out, "overage dev: reporting to %s with STRIPE_SECRET_KEY\n", cfg.StripeAPIBase)
+		fmt.Fprintf(out, "overage dev: reporting to %s with STRIPE_SECRET_KEY\n", cfg.Work.Stripe.APIBase)
 	}
 
-	dbURL, stopDB, err := devDatabase(ctx, cfg.DatabaseURL, out)
+	dbURL, stopDB, err := devDatabase(ctx, cfg.Serve.DB.URL, out)
 	if err != nil {
 		return err
 	}
 	defer stopDB()
-	pool, err := app.OpenPool(ctx, dbURL, app.WorkMaxConns)
+	pool, err := app.OpenPool(ctx, dbURL, app.WorkPoolMaxConns)
 	if err != nil {
 		return err
 	}
@@ -73,19 +73,26 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	if _, err := migrations.Migrate(ctx, pool, logger); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
+	// One process serves and works with one REPORT_BATCH_DELAY; a serve or
+	// work on the same database may not.
+	claim, err := app.CheckBatchDelay(ctx, dbURL, "dev", cfg.Work.Report.BatchDelay, logger)
+	if err != nil {
+		return err
+	}
+	defer claim.Close()
 
 	// The operator endpoints and River UI need a token: the demo makes one
 	// unless ADMIN_TOKEN names it, and prints it below.
-	generatedToken := cfg.AdminToken == ""
+	generatedToken := cfg.Serve.AdminToken == ""
 	if generatedToken {
 		// Two texts: 52 characters, over the 32 ADMIN_TOKEN needs.
-		cfg.AdminToken = cryptorand.Text() + cryptorand.Text()
+		cfg.Serve.AdminToken = cryptorand.Text() + cryptorand.Text()
 	}
-	srv, err := app.NewServerOn(pool, cfg, logger)
+	srv, err := app.NewServerOn(pool, &cfg.Serve, logger)
 	if errors.Is(err, syscall.EADDRINUSE) {
-		fmt.Fprintf(out, "%s is in use; listening on a free port instead\n", cfg.ListenAddr)
-		cfg.ListenAddr = "127.0.0.1:0"
-		srv, err = app.NewServerOn(pool, cfg, logger)
+		fmt.Fprintf(out, "%s is in use; listening on a free port instead\n", cfg.Serve.ListenAddr)
+		cfg.Serve.ListenAddr = "127.0.0.1:0"
+		srv, err = app.NewServerOn(pool, &cfg.Serve, logger)
 	}
 	if err != nil {
 		return err
@@ -93,10 +100,11 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	defer srv.Close()
 	// The workers' Stripe call metrics join the server's, so /metrics
 	// shows them.
-	w, err := app.NewWorkers(pool, cfg, logger, srv.Registry)
+	w, err := app.NewWorkerOn(pool, &cfg.Work, logger, srv.Registry)
 	if err != nil {
 		return err
 	}
+	defer w.Close()
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -117,10 +125,10 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 
 	var demoKey string
 	if emu != nil && *events > 0 {
-		rc := w.Client()
+		rc := w.Workers.Client()
 		d := &demo{pool: pool, emu: emu, baseURL: baseURL, out: out, events: *events, tty: isTTY(out),
-			inputEvent: cfg.MeterInputEvent, outputEvent: cfg.MeterOutputEvent, batchMax: cfg.ReportBatchMax,
-			sweepGrace: cfg.SweepGrace, logger: logger,
+			inputEvent: cfg.Work.Meters.InputEvent, outputEvent: cfg.Work.Meters.OutputEvent, batchMax: cfg.Work.BatchMax,
+			sweepGrace: cfg.Work.SweepGrace, logger: logger,
 			sweep: func(ctx context.Context) error {
 				_, err := rc.Insert(ctx, outbox.SweepArgs{}, nil)
 				return err
@@ -138,7 +146,7 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 		demoKey = "<a tenant API key from: overage tenant create --name NAME --stripe-customer cus_...>"
 	}
 	fmt.Fprintf(out, "\nServing on %s until Ctrl-C. Try:\n\n  curl -sS %s/v1/usage-events \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Idempotency-Key: my-first-event' -H 'Content-Type: application/json' \\\n    -d '{\"request_id\":\"my-first-event\",\"user_id\":\"u_1\",\"model_id\":\"gpt-4o\",\"input_tokens\":1200,\"output_tokens\":350}'\n\n", baseURL, baseURL, demoKey)
-	printAdminAccess(out, baseURL, cfg.AdminToken, generatedToken)
+	printAdminAccess(out, baseURL, cfg.Serve.AdminToken, generatedToken)
 	select {
 	case <-ctx.Done():
 		return nil
@@ -147,29 +155,22 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 	}
 }
 
-// devSettings are the demo's settings where the environment names none.
+// devDefaults are the demo's settings where the environment names none.
 //
 // The sweep keeps its production interval (10 minutes): a sweep every few
 // seconds would fill River UI with completed sweep jobs in --keep-running.
 // The demo asks for sweeps itself while its logs wait (demo.waitBilled),
 // and a short grace lets those requeue a tenant whose report job spent its
-// attempts on injected faults.
-func devSettings(getenv func(string) string, cfg *app.Config) {
-	if getenv("SWEEP_GRACE") == "" {
-		cfg.SweepGrace = 2 * time.Second
-	}
-	// Small reports, so the burst makes a hundred or so Stripe calls
-	// rather than one per tenant and meter: enough for the emulator's
-	// injected faults to happen and show in the closing table.
-	if getenv("REPORT_BATCH_MAX") == "" {
-		cfg.ReportBatchMax = demoReportBatchMax
-	}
-	if getenv("REPORT_JOB_TIMEOUT") == "" {
-		cfg.ReportJobTimeout = 10 * time.Second
-	}
-	if getenv("LOG_LEVEL") == "" {
-		cfg.LogLevel = slog.LevelError // the terminal shows progress instead
-	}
+// attempts on injected faults. Small reports (REPORT_BATCH_MAX), so the
+// burst makes a hundred or so Stripe calls rather than one per tenant and
+// meter: enough for the emulator's injected faults to happen and show in
+// the closing table. The log is for errors only: the terminal shows
+// progress instead.
+var devDefaults = map[string]string{
+	"SWEEP_GRACE":        "2s",
+	"REPORT_BATCH_MAX":   strconv.Itoa(demoReportBatchMax),
+	"REPORT_JOB_TIMEOUT": "10s",
+	"LOG_LEVEL":          "error",
 }
 
 // devDatabase returns a database URL that answers: DATABASE_URL (creating

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/internal/testkit/pgcontainer"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
@@ -319,16 +321,64 @@ func TestDevCreatesAMissingDatabase(t *testing.T) {
 	c.Close(context.Background())
 }
 
+// unanswered is a DATABASE_URL nothing answers (port 1), so devDatabase
+// turns to Docker.
+const unanswered = "postgres://postgres@127.0.0.1:1/overage?sslmode=disable&connect_timeout=2"
+
+// TestDevStartsPostgreSQLInDocker runs the Docker path wherever a Docker
+// engine answers: the container's database answers, and is gone once the
+// demo stops.
+func TestDevStartsPostgreSQLInDocker(t *testing.T) {
+	t.Parallel()
+	if err := pgcontainer.DockerAnswers(t.Context()); err != nil {
+		t.Skipf("no Docker engine answers, so there is no Docker path to test here: %v", err)
+	}
+	var out strings.Builder
+	got, stop, err := devDatabase(t.Context(), unanswered, &out)
+	if err != nil {
+		t.Fatalf("a Docker engine answers, yet: %v\n%s", err, out.String())
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			stop()
+		}
+	})
+	if !strings.Contains(out.String(), "throwaway PostgreSQL in Docker") {
+		t.Errorf("devDatabase printed %q", out.String())
+	}
+	c, err := pgx.Connect(t.Context(), got)
+	if err != nil {
+		t.Fatalf("the container's database does not answer: %v", err)
+	}
+	var one int
+	if err := c.QueryRow(t.Context(), "SELECT 1").Scan(&one); err != nil || one != 1 {
+		t.Fatalf("SELECT 1 = %d, %v", one, err)
+	}
+	_ = c.Close(t.Context())
+	stop()
+	stopped = true
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if c, err := pgx.Connect(ctx, got); err == nil {
+		_ = c.Close(ctx)
+		t.Fatal("the container's database still answers after stop")
+	}
+}
+
+// TestDevSaysHowToProvideADatabase takes the path where neither
+// DATABASE_URL nor Docker answers; where an engine answers, that path is
+// not reachable (TestDevStartsPostgreSQLInDocker runs instead).
 func TestDevSaysHowToProvideADatabase(t *testing.T) {
 	t.Parallel()
+	if pgcontainer.DockerAnswers(t.Context()) == nil {
+		t.Skip("a Docker engine answers: devDatabase starts a container instead of failing")
+	}
 	var out strings.Builder
-	// Port 1 answers nothing; Docker is not running on these machines, and
-	// where it is, this test would start a container — so only run the
-	// check when the error path is taken.
-	_, stop, err := devDatabase(context.Background(), "postgres://postgres@127.0.0.1:1/overage?sslmode=disable&connect_timeout=2", &out)
+	_, stop, err := devDatabase(t.Context(), unanswered, &out)
 	if err == nil {
 		stop()
-		t.Skip("Docker answered: testcontainers provided a database")
+		t.Fatalf("no Docker engine answers, yet devDatabase found a database:\n%s", out.String())
 	}
 	for _, want := range []string{"DATABASE_URL", "Docker", "postgres://"} {
 		if !strings.Contains(err.Error(), want) {
@@ -408,20 +458,23 @@ func TestDevKeepRunningPrintsAdminAccess(t *testing.T) {
 // emulator's faults to show. Each setting yields to the environment.
 func TestDevSettingsKeepTheProductionSweep(t *testing.T) {
 	for _, env := range []map[string]string{{}, {"SWEEP_INTERVAL": "5s", "REPORT_BATCH_MAX": "50", "SWEEP_GRACE": "1m"}} {
-		cfg, err := app.LoadConfig(func(k string) string { return env[k] })
-		if err != nil {
+		var dev app.DevConfig
+		if err := (app.Source{Getenv: func(k string) string { return env[k] }, Defaults: devDefaults}).Read(&dev); err != nil {
 			t.Fatal(err)
 		}
-		devSettings(func(k string) string { return env[k] }, cfg)
+		cfg := dev.Work
+		if dev.Serve.Log.Level != slog.LevelError {
+			t.Errorf("the demo logs from %s, want errors only", dev.Serve.Log.Level)
+		}
 		if len(env) == 0 {
-			if cfg.SweepInterval != workers.DefaultSweepInterval || cfg.ReportBatchMax != demoReportBatchMax || cfg.SweepGrace >= time.Minute {
+			if cfg.SweepInterval != workers.DefaultSweepInterval || cfg.BatchMax != demoReportBatchMax || cfg.SweepGrace >= time.Minute {
 				t.Errorf("demo settings: sweep every %s (want %s), grace %s, REPORT_BATCH_MAX %d (want %d)",
-					cfg.SweepInterval, workers.DefaultSweepInterval, cfg.SweepGrace, cfg.ReportBatchMax, demoReportBatchMax)
+					cfg.SweepInterval, workers.DefaultSweepInterval, cfg.SweepGrace, cfg.BatchMax, demoReportBatchMax)
 			}
 			continue
 		}
-		if cfg.SweepInterval != 5*time.Second || cfg.ReportBatchMax != 50 || cfg.SweepGrace != time.Minute {
-			t.Errorf("the environment does not win: sweep every %s, grace %s, REPORT_BATCH_MAX %d", cfg.SweepInterval, cfg.SweepGrace, cfg.ReportBatchMax)
+		if cfg.SweepInterval != 5*time.Second || cfg.BatchMax != 50 || cfg.SweepGrace != time.Minute {
+			t.Errorf("the environment does not win: sweep every %s, grace %s, REPORT_BATCH_MAX %d", cfg.SweepInterval, cfg.SweepGrace, cfg.BatchMax)
 		}
 	}
 }

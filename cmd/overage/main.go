@@ -269,6 +269,10 @@ type flags struct {
 	*flag.FlagSet
 	e        env
 	synopsis string
+	// settings are the flags that override a variable, by its name.
+	settings map[string]*string
+	// vars are the variables the command reads, for its help.
+	vars []string
 }
 
 // newFlags returns a command's flag set. --help prints its usage to stdout;
@@ -296,6 +300,9 @@ func (fs *flags) parse(args []string) error {
 			fs.PrintDefaults()
 			fs.SetOutput(io.Discard)
 		}
+		if len(fs.vars) > 0 {
+			fmt.Fprintf(fs.e.stdout, "\nEnvironment (README.md has each one's default and meaning):\n%s", wrap(fs.vars, "  ", 78))
+		}
 		return err
 	}
 	if err == nil && fs.NArg() > 0 {
@@ -305,6 +312,23 @@ func (fs *flags) parse(args []string) error {
 		return fs.usageError(err)
 	}
 	return nil
+}
+
+// wrap lists words in lines of at most width characters, each indented.
+func wrap(words []string, indent string, width int) string {
+	var b strings.Builder
+	line := indent
+	for _, w := range words {
+		if line != indent && len(line)+1+len(w) > width {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if line != indent {
+			line += " "
+		}
+		line += w
+	}
+	return b.String() + line + "\n"
 }
 
 // require is a usage error naming each of the flags that was not given.
@@ -328,27 +352,62 @@ func (fs *flags) usageError(err error) error {
 	return &usageError{err: err, command: fs.Name(), synopsis: synopsis}
 }
 
-// loadConfig reads the environment, then lets the common flags override it.
-// uses names the variables the command reads: a malformed variable it does
-// not use does not stop it. None names them all.
-func loadConfig(e env, fs *flags, args []string, uses ...string) (*app.Config, error) {
-	cfg, bad := app.ReadConfig(e.getenv)
+// loadConfig parses the command's flags, then fills parts from the
+// environment: a malformed variable they read stops the command, one they
+// do not read is not looked at. --database-url, which every command has,
+// and the flags of fs.setting override their variables.
+func loadConfig(e env, fs *flags, args []string, parts ...app.Settings) error {
+	return loadConfigWith(e, fs, args, nil, parts...)
+}
+
+// loadConfigWith is loadConfig with defaults of the command's own before
+// the table's (`overage dev`'s demo).
+func loadConfigWith(e env, fs *flags, args []string, defaults map[string]string, parts ...app.Settings) error {
 	// The default is shown as the variable's name, never its value: a
 	// connection string carries a password.
-	dbURL := fs.String("database-url", "", "PostgreSQL connection string (default: $DATABASE_URL, else "+app.DefaultDatabaseURL+")")
+	dbURL := fs.setting("database-url", "DATABASE_URL", "PostgreSQL connection string (default: $DATABASE_URL, else "+app.DefaultDatabaseURL+")")
+	fs.vars = app.Names(parts...)
 	if err := fs.parse(args); err != nil {
-		return nil, err
-	}
-	if err := bad.Of(uses...); err != nil {
-		return nil, err
+		return err
 	}
 	if *dbURL != "" {
 		// Named as the flag it came from; the string itself is never shown
 		// (it may hold a password).
 		if _, err := pgconn.ParseConfig(*dbURL); err != nil {
-			return nil, fs.usageError(errors.New("--database-url: cannot parse the connection string (want postgres://USER@HOST:PORT/DATABASE or key=value pairs)"))
+			return fs.usageError(errors.New("--database-url: cannot parse the connection string (want postgres://USER@HOST:PORT/DATABASE or key=value pairs)"))
 		}
-		cfg.DatabaseURL = *dbURL
 	}
-	return cfg, nil
+	getenv := func(name string) string {
+		if v, ok := fs.settings[name]; ok && *v != "" {
+			return *v
+		}
+		return e.getenv(name)
+	}
+	return app.Source{Getenv: getenv, Defaults: defaults}.Read(parts...)
+}
+
+// openTool opens what a command that queues report jobs with report's
+// settings needs, and warns on stderr when a live serve or work runs with
+// another REPORT_BATCH_DELAY: an operator's shell may lack the deployment's
+// settings.
+func openTool(ctx context.Context, e env, command string, db app.DBConfig, report app.ReportConfig) (*app.Tool, error) {
+	tool, err := app.OpenTool(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if msg := tool.BatchDelayMismatch(ctx, command, report.BatchDelay); msg != "" {
+		fmt.Fprintf(e.stderr, "overage: warning: %s\n", msg)
+	}
+	return tool, nil
+}
+
+// setting adds a string flag that, when given, overrides the variable
+// name for loadConfig.
+func (fs *flags) setting(flagName, name, usage string) *string {
+	if fs.settings == nil {
+		fs.settings = map[string]*string{}
+	}
+	v := fs.String(flagName, "", usage)
+	fs.settings[name] = v
+	return v
 }

@@ -4,15 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/overage-billing/overage/app"
-	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/syncbuf"
@@ -55,32 +55,78 @@ func TestTenantCreatePrintsKeyOnceAndStoresOnlyItsHash(t *testing.T) {
 	}
 }
 
-func TestConfigErrorsNameTheVariable(t *testing.T) {
+// TestEachCommandReadsItsOwnSettings: a malformed variable a command
+// reads stops it with an error naming the variable, and one it does not
+// read is not looked at (the command goes on, to a database that does not
+// answer). correct, review resolve and tenant update queue a report job,
+// so they read REPORT_BATCH_DELAY.
+func TestEachCommandReadsItsOwnSettings(t *testing.T) {
 	t.Parallel()
-	_, err := app.LoadConfig(func(k string) string {
-		return map[string]string{"SWEEP_INTERVAL": "ten minutes", "REPORT_MAX_ATTEMPTS": "-1", "STRIPE_API_BASE": "localhost",
-			"STREAM_IDLE_TIMEOUT": "an hour", "INGEST_COALESCE": "-1"}[k]
-	})
-	if err == nil {
-		t.Fatal("malformed configuration accepted")
-	}
-	for _, name := range []string{"SWEEP_INTERVAL", "REPORT_MAX_ATTEMPTS", "STRIPE_API_BASE", "STREAM_IDLE_TIMEOUT", "INGEST_COALESCE"} {
-		if !strings.Contains(err.Error(), name) {
-			t.Errorf("error %q does not name %s", err, name)
+	// Nothing listens on port 1: the command fails at its first query.
+	const deadDB = "postgres://postgres@127.0.0.1:1/overage?sslmode=disable&connect_timeout=2"
+	const id = "0b0e7c2e-7d5d-4a43-9b35-6a4bb8d6b1f1"
+	for _, tc := range []struct {
+		args            []string
+		reads, notReads string
+	}{
+		{[]string{"serve"}, "TENANT_MAX_INFLIGHT", "SWEEP_GRACE"},
+		{[]string{"serve"}, "REPORT_BATCH_DELAY", "REPORT_WORKERS"},
+		{[]string{"work"}, "SWEEP_GRACE", "TENANT_MAX_INFLIGHT"},
+		{[]string{"work"}, "REPORT_BATCH_DELAY", "INGEST_COALESCE"},
+		{[]string{"correct", id, "--input-tokens", "1", "--output-tokens", "1", "--reason", "r"}, "REPORT_BATCH_DELAY", "SWEEP_GRACE"},
+		{[]string{"correct", id, "--input-tokens", "1", "--output-tokens", "1", "--reason", "r"}, "PERIOD_CLOSE_GRACE", "STRIPE_IDEMPOTENCY_WINDOW"},
+		{[]string{"review", "resolve", id, "--as", "void", "--reason", "r"}, "REPORT_BATCH_DELAY", "TENANT_MAX_INFLIGHT"},
+		{[]string{"review", "resolve", id, "--as", "void", "--reason", "r"}, "STRIPE_IDEMPOTENCY_WINDOW", "SWEEP_GRACE"},
+		{[]string{"tenant", "update", id, "--name", "n"}, "REPORT_BATCH_DELAY", "SWEEP_GRACE"},
+		{[]string{"tenant", "update", id, "--name", "n"}, "STRIPE_API_BASE", "LOG_LEVEL"},
+		{[]string{"tenant", "list"}, "", "REPORT_BATCH_DELAY"},
+		{[]string{"review", "list"}, "", "REPORT_BATCH_DELAY"},
+		{[]string{"status"}, "", "STRIPE_API_BASE"},
+		{[]string{"meter", "list"}, "", "REPORT_MAX_ATTEMPTS"},
+		{[]string{"migrate"}, "", "LOG_LEVEL"},
+		{[]string{"reconcile", "--from", "2026-01-01", "--to", "2026-01-02"}, "LOG_LEVEL", "REPORT_BATCH_DELAY"},
+	} {
+		malformed := map[string]string{"TENANT_MAX_INFLIGHT": "eight", "SWEEP_GRACE": "ten minutes", "REPORT_BATCH_DELAY": "a second",
+			"REPORT_WORKERS": "-1", "INGEST_COALESCE": "-1", "PERIOD_CLOSE_GRACE": "an hour", "STRIPE_IDEMPOTENCY_WINDOW": "48h",
+			"STRIPE_API_BASE": "localhost", "LOG_LEVEL": "loud", "REPORT_MAX_ATTEMPTS": "five"}
+		base := map[string]string{"DATABASE_URL": deadDB, "LISTEN_ADDR": "127.0.0.1:0", "STRIPE_SECRET_KEY": "sk_test_x"}
+		with := func(name string) map[string]string {
+			env := map[string]string{name: malformed[name]}
+			for k, v := range base {
+				env[k] = v
+			}
+			return env
+		}
+		if tc.reads != "" {
+			_, _, err := runCmd(t, with(tc.reads), tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.reads+"=") {
+				t.Errorf("%v with %s=%q: %v, want an error naming it", tc.args, tc.reads, malformed[tc.reads], err)
+			}
+		}
+		_, _, err := runCmd(t, with(tc.notReads), tc.args...)
+		if err == nil || strings.Contains(err.Error(), tc.notReads) || !strings.Contains(err.Error(), "PostgreSQL") {
+			t.Errorf("%v with %s=%q, which it does not read: %v, want it to go on to the database", tc.args, tc.notReads, malformed[tc.notReads], err)
 		}
 	}
-	if strings.Contains(err.Error(), "\n") {
-		t.Errorf("error is not one line: %q", err)
-	}
-	cfg, err := app.LoadConfig(func(string) string { return "" })
-	if err != nil || cfg.ListenAddr != "127.0.0.1:8080" || cfg.SweepGrace != 10*time.Minute || cfg.ReportMaxAttempts != 5 || cfg.StripeIdempotencyWindow != 24*time.Hour {
-		t.Fatalf("defaults: %+v, %v", cfg, err)
-	}
-	// INGEST_COALESCE: unset keeps the default, 0 turns group commit off.
-	for v, want := range map[string]int{"": ingest.DefaultGroupsInFlight, "0": 0, "3": 3} {
-		cfg, err := app.LoadConfig(func(k string) string { return map[string]string{"INGEST_COALESCE": v}[k] })
-		if err != nil || cfg.IngestCoalesce != want {
-			t.Errorf("INGEST_COALESCE=%q: IngestCoalesce %v (%v), want %d", v, cfg, err, want)
+}
+
+// TestHelpListsTheVariablesACommandReads: a command's --help lists the
+// variables it reads, from what it reads, and no others.
+func TestHelpListsTheVariablesACommandReads(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args         []string
+		lists, omits string
+	}{
+		{[]string{"serve", "--help"}, "TENANT_MAX_INFLIGHT", "SWEEP_GRACE"},
+		{[]string{"work", "--help"}, "PERIOD_CLOSE_GRACE", "TENANT_MAX_INFLIGHT"},
+		{[]string{"work", "--help"}, "REPORT_BATCH_DELAY", "ADMIN_TOKEN"},
+		{[]string{"tenant", "list", "--help"}, "DATABASE_URL", "REPORT_BATCH_DELAY"},
+	} {
+		out, _, err := runCmd(t, nil, tc.args...)
+		_, vars, _ := strings.Cut(out, "\nEnvironment")
+		if (err != nil && !errors.Is(err, flag.ErrHelp)) || !strings.Contains(vars, tc.lists) || strings.Contains(vars, tc.omits) {
+			t.Errorf("%v lists %q (%v): want %s and not %s", tc.args, vars, err, tc.lists, tc.omits)
 		}
 	}
 }
@@ -226,12 +272,12 @@ func mustID(t *testing.T, body string) string {
 // env, until the test ends, and returns it with its log.
 func startServer(t *testing.T, env map[string]string) (*app.Server, *syncbuf.Buffer) {
 	t.Helper()
-	cfg, err := app.LoadConfig(func(k string) string { return env[k] })
-	if err != nil {
+	var cfg app.ServeConfig
+	if err := cfg.Read(func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
 	logs := &syncbuf.Buffer{}
-	srv, err := app.NewServer(context.Background(), cfg, app.NewLogger(logs, cfg.LogLevel))
+	srv, err := app.NewServer(context.Background(), &cfg, app.NewLogger(logs, cfg.Log.Level))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,18 +56,26 @@ func cmdMeter(ctx context.Context, e env, args []string) error {
 // withMeters opens a small pool for one meter command. The store names
 // the default meters by this process's settings, as `serve` and `work`
 // name them.
-func withMeters(ctx context.Context, cfg *app.Config, f func(*meters.Store) error) error {
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+func withMeters(ctx context.Context, cfg *meterConfig, f func(*meters.Store) error) error {
+	pool, err := app.OpenPool(ctx, cfg.db.URL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	return f(meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent))
+	return f(meters.NewStore(pool, cfg.meters.InputEvent, cfg.meters.OutputEvent))
 }
 
 // meterConfig is what a meter command reads: the database and the
 // default meters' event names.
-var meterConfig = []string{"DATABASE_URL", "STRIPE_METER_INPUT_EVENT", "STRIPE_METER_OUTPUT_EVENT"}
+type meterConfig struct {
+	db     app.DBConfig
+	meters app.MeterConfig
+}
+
+// load fills c through loadConfig.
+func (c *meterConfig) load(e env, fs *flags, args []string) error {
+	return loadConfig(e, fs, args, &c.db, &c.meters)
+}
 
 func cmdMeterCreate(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "meter create", meterCreateSynopsis+"\n\nThe new meter routes usage recorded after it.")
@@ -76,8 +84,8 @@ func cmdMeterCreate(ctx context.Context, e env, args []string) error {
 	fs.StringVar(&p.EventName, "event-name", "", "the Stripe meter's event name (required)")
 	tokenType := fs.String("token-type", "", "input, cache_read, cache_write, output or reasoning (required)")
 	models := fs.String("models", "*", "comma-separated model_id patterns: an exact id, a prefix ending in *, or *")
-	cfg, err := loadConfig(e, fs, args, meterConfig...)
-	if err != nil {
+	var cfg meterConfig
+	if err := cfg.load(e, fs, args); err != nil {
 		return err
 	}
 	if err := fs.require("key", "event-name", "token-type"); err != nil {
@@ -90,7 +98,7 @@ func cmdMeterCreate(ctx context.Context, e env, args []string) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return withMeters(ctx, cfg, func(s *meters.Store) error {
+	return withMeters(ctx, &cfg, func(s *meters.Store) error {
 		m, err := s.Create(ctx, p)
 		if err != nil {
 			return fmt.Errorf("create meter: %w", err)
@@ -102,11 +110,11 @@ func cmdMeterCreate(ctx context.Context, e env, args []string) error {
 func cmdMeterList(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "meter list", meterListSynopsis)
 	asJSON := fs.Bool("json", false, "print the JSON of GET /v1/meters")
-	cfg, err := loadConfig(e, fs, args, meterConfig...)
-	if err != nil {
+	var cfg meterConfig
+	if err := cfg.load(e, fs, args); err != nil {
 		return err
 	}
-	return withMeters(ctx, cfg, func(s *meters.Store) error {
+	return withMeters(ctx, &cfg, func(s *meters.Store) error {
 		ms, err := s.List(ctx)
 		if err != nil {
 			return fmt.Errorf("list meters: %w", err)
@@ -137,11 +145,11 @@ func cmdMeterArchive(ctx context.Context, e env, args []string) error {
 		return fs.usageError(errors.New("missing KEY"))
 	}
 	key := args[0]
-	cfg, err := loadConfig(e, fs, args[1:], meterConfig...)
-	if err != nil {
+	var cfg meterConfig
+	if err := cfg.load(e, fs, args[1:]); err != nil {
 		return err
 	}
-	return withMeters(ctx, cfg, func(s *meters.Store) error {
+	return withMeters(ctx, &cfg, func(s *meters.Store) error {
 		m, err := s.Archive(ctx, key)
 		var appErr *overage.Error
 		if errors.As(err, &appErr) && appErr.Code == overage.EINVALID {

@@ -16,12 +16,12 @@ import (
 func cmdMigrate(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "migrate", "overage migrate [--create-database] [--database-url URL]")
 	create := fs.Bool("create-database", false, "create the database DATABASE_URL names if the server does not have it (connecting to the server's postgres database)")
-	cfg, err := loadConfig(e, fs, args, "LOG_LEVEL")
-	if err != nil {
+	var db app.DBConfig
+	if err := loadConfig(e, fs, args, &db); err != nil {
 		return err
 	}
 	if *create {
-		created, err := ensureDatabase(ctx, cfg.DatabaseURL)
+		created, err := ensureDatabase(ctx, db.URL)
 		if err != nil {
 			return err
 		}
@@ -29,7 +29,7 @@ func cmdMigrate(ctx context.Context, e env, args []string) error {
 			fmt.Fprintln(e.stdout, "created the database")
 		}
 	}
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	pool, err := app.OpenPool(ctx, db.URL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}

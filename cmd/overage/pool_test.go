@@ -77,8 +77,8 @@ func TestIngestAnswers503WhenThePoolIsFull(t *testing.T) {
 	}
 }
 
-// Finance reports run on a pool of their own: with all of its connections
-// busy and more reports queued behind them, ingest answers as fast as
+// Finance statements run on a pool of their own: with all of its connections
+// busy and more statements queued behind them, ingest answers as fast as
 // ever.
 func TestSlowStatusDoesNotStarveIngest(t *testing.T) {
 	t.Parallel()

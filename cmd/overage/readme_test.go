@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
 
@@ -137,6 +139,47 @@ func TestReadmeProductionPath(t *testing.T) {
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the production path's output lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+// TestReadmeConfigurationIsTheDefaultsTable: the README's configuration
+// table lists exactly the variables the binary reads (app.Vars), in its
+// order, each with the default the binary takes, or "(none…)" for one
+// without.
+func TestReadmeConfigurationIsTheDefaultsTable(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n## Configuration\n")
+	if !ok {
+		t.Fatal("README.md has no Configuration section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var names, defaults []string
+	for _, line := range strings.Split(section, "\n") {
+		cells := strings.Split(line, " | ")
+		if len(cells) < 3 || !strings.HasPrefix(cells[0], "| `") {
+			continue
+		}
+		names = append(names, strings.Trim(cells[0], "| `"))
+		defaults = append(defaults, cells[1])
+	}
+	var want []string
+	for _, v := range app.Vars() {
+		want = append(want, v.Name)
+	}
+	if !slices.Equal(names, want) {
+		t.Fatalf("README's configuration table lists\n%v\nthe binary reads\n%v", names, want)
+	}
+	for i, v := range app.Vars() {
+		if v.Default == "" && !strings.HasPrefix(defaults[i], "(none") {
+			t.Errorf("README gives %s the default %s, the binary none", v.Name, defaults[i])
+		}
+		if v.Default != "" && defaults[i] != "`"+v.Default+"`" {
+			t.Errorf("README gives %s the default %s, the binary `%s`", v.Name, defaults[i], v.Default)
 		}
 	}
 }

@@ -41,7 +41,13 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 	tenant := fs.String("tenant", "", "limit to one tenant's Stripe customer")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	settle := fs.Duration("settle-after", reconcile.DefaultSettleAfter, "how long Stripe's summaries and our retries need to settle (0s judges every day that has ended)")
-	cfg, err := loadConfig(e, fs, args, "STRIPE_API_BASE", "STRIPE_METER_INPUT_EVENT", "STRIPE_METER_OUTPUT_EVENT", "LOG_LEVEL")
+	var cfg struct {
+		db     app.DBConfig
+		stripe app.StripeConfig
+		meters app.MeterConfig
+		log    app.LogConfig
+	}
+	err := loadConfig(e, fs, args, &cfg.db, &cfg.stripe, &cfg.meters, &cfg.log)
 	var ue *usageError
 	if err != nil && !errors.As(err, &ue) {
 		return &exitError{code: 2, err: err} // a malformed variable
@@ -49,7 +55,7 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 	if err != nil {
 		return err
 	}
-	p := reconcile.Params{MeterInputEvent: cfg.MeterInputEvent, MeterOutputEvent: cfg.MeterOutputEvent, SettleAfter: *settle}
+	p := reconcile.Params{MeterInputEvent: cfg.meters.InputEvent, MeterOutputEvent: cfg.meters.OutputEvent, SettleAfter: *settle}
 	var errs []error
 	if *from == "" {
 		errs = append(errs, errors.New("--from is required"))
@@ -77,35 +83,35 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 	if err := errors.Join(errs...); err != nil {
 		return fs.usageError(err)
 	}
-	if cfg.MeterInputEvent == cfg.MeterOutputEvent {
-		return &exitError{code: 2, err: fmt.Errorf("STRIPE_METER_INPUT_EVENT and STRIPE_METER_OUTPUT_EVENT are both %q", cfg.MeterInputEvent)}
+	if cfg.meters.InputEvent == cfg.meters.OutputEvent {
+		return &exitError{code: 2, err: fmt.Errorf("STRIPE_METER_INPUT_EVENT and STRIPE_METER_OUTPUT_EVENT are both %q", cfg.meters.InputEvent)}
 	}
-	if cfg.StripeSecretKey == "" {
+	if cfg.stripe.SecretKey == "" {
 		return &exitError{code: 2, err: errors.New("STRIPE_SECRET_KEY is required to read Stripe's meter event summaries (sk_test_... with STRIPE_API_BASE pointing at an emulator or stripe-mock to try it out)")}
 	}
 	// stripe-go's own log lines (a WARN per failed request) would come
 	// before the one error line that says what failed: only at debug.
 	stripeLog := slog.New(slog.DiscardHandler)
-	if cfg.LogLevel < slog.LevelInfo {
-		stripeLog = app.NewLogger(e.stderr, cfg.LogLevel)
+	if cfg.log.Level < slog.LevelInfo {
+		stripeLog = app.NewLogger(e.stderr, cfg.log.Level)
 	}
 	reader, err := stripeclient.NewSummaryReader(stripeclient.Config{
-		SecretKey: cfg.StripeSecretKey, APIBase: cfg.StripeAPIBase, Logger: stripeLog,
+		SecretKey: cfg.stripe.SecretKey, APIBase: cfg.stripe.APIBase, Logger: stripeLog,
 	})
 	if err != nil {
 		return &exitError{code: 2, err: fmt.Errorf("STRIPE_SECRET_KEY/STRIPE_API_BASE: %w", err)}
 	}
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	pool, err := app.OpenPool(ctx, cfg.db.URL, app.ToolMaxConns)
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
 	defer pool.Close()
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	if p.Meters, err = meters.NewStore(pool, cfg.MeterInputEvent, cfg.MeterOutputEvent).List(ctx); err != nil {
+	if p.Meters, err = meters.NewStore(pool, cfg.meters.InputEvent, cfg.meters.OutputEvent).List(ctx); err != nil {
 		return &exitError{code: 3, err: fmt.Errorf("read the meter catalog: %w", err)}
 	}
-	rep, err := reconcile.Run(rctx, pool, reader, p)
+	res, err := reconcile.Run(rctx, pool, reader, p)
 	if err != nil {
 		var appErr *overage.Error
 		if errors.As(err, &appErr) && appErr.Code == overage.ENOTFOUND {
@@ -115,16 +121,16 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 		return &exitError{code: reconcileNoVerdict, err: err}
 	}
 	if *asJSON {
-		if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
+		if err := json.NewEncoder(e.stdout).Encode(res); err != nil {
 			return err
 		}
-	} else if err := reconcile.WriteText(e.stdout, rep); err != nil {
+	} else if err := reconcile.WriteText(e.stdout, res); err != nil {
 		return err
 	}
-	if !rep.OK() {
-		return &exitError{code: reconcileDifference, err: fmt.Errorf("reconciliation found %d difference(s) between the database and Stripe", rep.Differences)}
+	if !res.OK() {
+		return &exitError{code: reconcileDifference, err: fmt.Errorf("reconciliation found %d difference(s) between the database and Stripe", res.Differences)}
 	}
-	if msg := nothingJudged(rep); msg != "" {
+	if msg := nothingJudged(res); msg != "" {
 		// A clean exit must not pass for "everything matches".
 		return &exitError{code: reconcileNoVerdict, err: errors.New(msg)}
 	}
@@ -132,13 +138,13 @@ Exit status: 0 everything judged matches, 1 a difference, 2 a usage or configura
 }
 
 // nothingJudged says so when no window of the range could be compared yet.
-func nothingJudged(rep *reconcile.Report) string {
-	if rep.Judged() {
+func nothingJudged(res *reconcile.Result) string {
+	if res.Judged() {
 		return ""
 	}
 	msg := "nothing could be judged yet: every day in the range is too recent (newer than --settle-after, or still being billed; today always is)"
-	if rep.TooRecentFrom != "" && rep.TooRecentFrom != rep.From {
-		msg += "; days before " + rep.TooRecentFrom + " had nothing billed"
+	if res.TooRecentFrom != "" && res.TooRecentFrom != res.From {
+		msg += "; days before " + res.TooRecentFrom + " had nothing billed"
 	}
 	return msg + "; run it again later, or narrow --to to settled days"
 }

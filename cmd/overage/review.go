@@ -39,15 +39,15 @@ func cmdReviewList(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "review list", reviewListSynopsis)
 	tenant := fs.String("tenant", "", "only this tenant's logs")
 	asJSON := fs.Bool("json", false, `print one JSON object, {"usage_logs": [...]}`)
-	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
-	if err != nil {
+	var db app.DBConfig
+	if err := loadConfig(e, fs, args, &db); err != nil {
 		return err
 	}
 	tenantID, err := optionalUUID("--tenant", *tenant)
 	if err != nil {
 		return err
 	}
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	pool, err := app.OpenPool(ctx, db.URL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}
@@ -80,28 +80,29 @@ func cmdReviewResolve(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	id := ids[0]
-	cfg, err := loadConfig(e, fs, rest, "STRIPE_IDEMPOTENCY_WINDOW", "REPORT_MAX_ATTEMPTS")
-	if err != nil {
+	// A resend queues the tenant's report job as serve would.
+	var cfg struct {
+		db     app.DBConfig
+		window app.WindowConfig
+		report app.ReportConfig
+	}
+	if err := loadConfig(e, fs, rest, &cfg.db, &cfg.window, &cfg.report); err != nil {
 		return err
 	}
 	if err := fs.require("as", "reason"); err != nil {
 		return err
 	}
 	p := review.ResolveParams{UsageLogID: id, Action: review.Action(*as), Reason: *reason, Actor: *by, Force: *force,
-		IdempotencyWindow: cfg.StripeIdempotencyWindow}
+		IdempotencyWindow: cfg.window.IdempotencyWindow}
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	tool, err := openTool(ctx, e, "review resolve", cfg.db, cfg.report)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	rc, err := app.NewInsertClient(pool, nil)
-	if err != nil {
-		return err
-	}
-	res, err := review.NewResolver(pool, app.NewInserter(rc, cfg)).Resolve(ctx, p)
+	defer tool.Close()
+	res, err := review.NewResolver(tool.Pool, app.NewInserter(tool.River, cfg.report)).Resolve(ctx, p)
 	if err != nil {
 		return fmt.Errorf("review resolve: %w", err)
 	}

@@ -8,17 +8,13 @@ import (
 
 func cmdServe(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "serve", "overage serve [--listen ADDR] [--database-url URL]")
-	var listen string
-	fs.StringVar(&listen, "listen", "", "address to listen on (LISTEN_ADDR)")
-	cfg, err := loadConfig(e, fs, args)
-	if err != nil {
+	fs.setting("listen", "LISTEN_ADDR", "address to listen on (LISTEN_ADDR)")
+	var cfg app.ServeConfig
+	if err := loadConfig(e, fs, args, &cfg); err != nil {
 		return err
 	}
-	if listen != "" {
-		cfg.ListenAddr = listen
-	}
-	logger := app.NewLogger(e.stderr, cfg.LogLevel)
-	srv, err := app.NewServer(ctx, cfg, logger)
+	logger := app.NewLogger(e.stderr, cfg.Log.Level)
+	srv, err := app.NewServer(ctx, &cfg, logger)
 	if err != nil {
 		return err
 	}

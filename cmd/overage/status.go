@@ -13,21 +13,21 @@ import (
 
 const statusSynopsis = "overage status [--tenant ID] [--json]"
 
-// cmdStatus prints the finance view: billed status per tenant and in total,
+// cmdStatus prints the finance statement: billed status per tenant and in total,
 // then the logs an operator must decide on.
 func cmdStatus(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "status", statusSynopsis)
 	tenant := fs.String("tenant", "", "only this tenant")
 	asJSON := fs.Bool("json", false, "print the JSON object of GET /v1/billing/status")
-	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
-	if err != nil {
+	var db app.DBConfig
+	if err := loadConfig(e, fs, args, &db); err != nil {
 		return err
 	}
 	tenantID, err := optionalUUID("--tenant", *tenant)
 	if err != nil {
 		return err
 	}
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	pool, err := app.OpenPool(ctx, db.URL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}

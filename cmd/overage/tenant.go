@@ -72,8 +72,8 @@ func cmdTenant(ctx context.Context, e env, args []string) error {
 }
 
 // withTenants opens a small pool for one tenant command.
-func withTenants(ctx context.Context, cfg *app.Config, f func(*tenants.Store) error) error {
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+func withTenants(ctx context.Context, db app.DBConfig, f func(*tenants.Store) error) error {
+	pool, err := app.OpenPool(ctx, db.URL, app.ToolMaxConns)
 	if err != nil {
 		return err
 	}
@@ -96,20 +96,22 @@ func cmdTenantCreate(ctx context.Context, e env, args []string) error {
 	fs.StringVar(&p.Name, "name", "", "tenant name (required)")
 	fs.StringVar(&p.StripeCustomerID, "stripe-customer", "", "Stripe customer id, cus_... (required)")
 	inc := includedFlags(fs)
-	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
-	if err != nil {
+	var db app.DBConfig
+	if err := loadConfig(e, fs, args, &db); err != nil {
 		return err
 	}
 	if err := fs.require("name", "stripe-customer"); err != nil {
 		return err
 	}
-	if p.Included, err = inc(); err != nil {
+	included, err := inc()
+	if err != nil {
 		return err
 	}
+	p.Included = included
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+	return withTenants(ctx, db, func(s *tenants.Store) error {
 		created, err := s.Create(ctx, p)
 		if err != nil {
 			return fmt.Errorf("create tenant: %w", err)
@@ -121,11 +123,11 @@ func cmdTenantCreate(ctx context.Context, e env, args []string) error {
 func cmdTenantList(ctx context.Context, e env, args []string) error {
 	fs := newFlags(e, "tenant list", tenantListSynopsis)
 	asJSON := fs.Bool("json", false, "print the JSON of GET /v1/tenants")
-	cfg, err := loadConfig(e, fs, args, "DATABASE_URL")
-	if err != nil {
+	var db app.DBConfig
+	if err := loadConfig(e, fs, args, &db); err != nil {
 		return err
 	}
-	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+	return withTenants(ctx, db, func(s *tenants.Store) error {
 		l, err := s.List(ctx)
 		if err != nil {
 			return fmt.Errorf("list tenants: %w", err)
@@ -189,11 +191,11 @@ func cmdTenantShow(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
-	if err != nil {
+	var db app.DBConfig
+	if err := loadConfig(e, fs, rest, &db); err != nil {
 		return err
 	}
-	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+	return withTenants(ctx, db, func(s *tenants.Store) error {
 		d, err := s.Show(ctx, ids[0])
 		if err != nil {
 			return err
@@ -275,8 +277,14 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL", "STRIPE_API_BASE", "REPORT_MAX_ATTEMPTS", "REPORT_BATCH_DELAY")
-	if err != nil {
+	// Lifting a suspension asks Stripe and queues the tenant's report
+	// job as serve would.
+	var cfg struct {
+		db     app.DBConfig
+		stripe app.StripeConfig
+		report app.ReportConfig
+	}
+	if err := loadConfig(e, fs, rest, &cfg.db, &cfg.stripe, &cfg.report); err != nil {
 		return err
 	}
 	// Only the flags given change anything: --name "" is an error, not
@@ -319,19 +327,14 @@ func cmdTenantUpdate(ctx context.Context, e env, args []string) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	pool, err := app.OpenPool(ctx, cfg.DatabaseURL, app.ToolMaxConns)
+	tool, err := openTool(ctx, e, "tenant update", cfg.db, cfg.report)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer tool.Close()
 	// A new customer for a suspended tenant is checked with Stripe and
-	// lifts the suspension, queueing the tenant's report job: insert-only
-	// and silent, River's logs are no part of a command's answer.
-	rc, err := app.NewInsertClient(pool, nil)
-	if err != nil {
-		return err
-	}
-	s, err := app.NewTenants(pool, rc, cfg, nil)
+	// lifts the suspension, queueing the tenant's report job.
+	s, err := app.NewTenants(tool.Pool, tool.River, cfg.stripe, cfg.report, nil)
 	if err != nil {
 		return err
 	}
@@ -356,11 +359,11 @@ func cmdTenantKey(ctx context.Context, e env, args []string) error {
 		if err != nil {
 			return err
 		}
-		cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
-		if err != nil {
+		var db app.DBConfig
+		if err := loadConfig(e, fs, rest, &db); err != nil {
 			return err
 		}
-		return withTenants(ctx, cfg, func(s *tenants.Store) error {
+		return withTenants(ctx, db, func(s *tenants.Store) error {
 			k, err := s.AddKey(ctx, ids[0])
 			if err != nil {
 				return fmt.Errorf("create API key: %w", err)
@@ -373,11 +376,11 @@ func cmdTenantKey(ctx context.Context, e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loadConfig(e, fs, rest, "DATABASE_URL")
-	if err != nil {
+	var db app.DBConfig
+	if err := loadConfig(e, fs, rest, &db); err != nil {
 		return err
 	}
-	return withTenants(ctx, cfg, func(s *tenants.Store) error {
+	return withTenants(ctx, db, func(s *tenants.Store) error {
 		k, err := s.RevokeKeyByID(ctx, ids[0], ids[1])
 		if err != nil {
 			return fmt.Errorf("revoke API key: %w", err)

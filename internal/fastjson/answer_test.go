@@ -65,7 +65,7 @@ func randomLog(r *rand.Rand, depth int) overage.UsageLog {
 		ID: id(), TenantID: id(), RequestID: ptr(), Timestamp: tm(), UserID: pick(), ModelID: pick(),
 		InputTokens: n(), OutputTokens: n(), Overage: overage.Overage{InputTokens: n(), OutputTokens: n()},
 		BillingStatus: overage.BillingStatus(pick()), BilledAt: tptr(), CreatedAt: tm(),
-		FirstAttemptAt: tptr(), BillingMessage: ptr(), Kind: pick(), Reason: ptr(), CorrectedBy: ptr(),
+		FirstAttemptAt: tptr(), BillingMessage: ptr(), Kind: overage.Kind(pick()), Reason: ptr(), CorrectedBy: ptr(),
 	}
 	for range r.IntN(3) {
 		l.StripeEvents = append(l.StripeEvents, overage.StripeEvent{Dimension: overage.Dimension(pick()), Identifier: ptr(), Value: n(), AcceptedAt: tptr()})

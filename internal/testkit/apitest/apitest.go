@@ -76,11 +76,11 @@ func StartWith(t testing.TB, pool *pgxpool.Pool, dbURL string, opts Options) *Se
 	if opts.TenantMaxInflight > 0 {
 		env["TENANT_MAX_INFLIGHT"] = strconv.Itoa(opts.TenantMaxInflight)
 	}
-	cfg, err := app.LoadConfig(env.get)
-	if err != nil {
+	var cfg app.ServeConfig
+	if err := cfg.Read(env.get); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := app.NewServerOn(pool, cfg, slog.New(slog.DiscardHandler))
+	srv, err := app.NewServerOn(pool, &cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

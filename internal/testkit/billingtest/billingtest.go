@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -35,60 +37,36 @@ func BilledTotals(t testing.TB, pool *pgxpool.Pool) map[emulator.AppliedKey]int6
 }
 
 // Billed returns the overage PostgreSQL holds as billed, per Stripe
-// customer and meter (named inputEvent and outputEvent), in the emulator's
-// shape: of the tenants given, or of every tenant when none is.
+// customer and meter (the default meters named inputEvent and
+// outputEvent, the others by the catalog), in the emulator's shape: of the
+// tenants given, or of every tenant when none is. The sums are
+// usagelog.BilledTotals, the ones reconciliation and the demo read.
 func Billed(ctx context.Context, pool *pgxpool.Pool, inputEvent, outputEvent string, tenantIDs ...string) (map[emulator.AppliedKey]int64, error) {
-	var only []string
-	if len(tenantIDs) > 0 {
-		only = tenantIDs
+	var only []uuid.UUID
+	for _, s := range tenantIDs {
+		id, err := uuid.Parse(s)
+		if err != nil {
+			return nil, fmt.Errorf("billed totals: tenant %q: %w", s, err)
+		}
+		only = append(only, id)
 	}
-	rows, err := pool.Query(ctx, `SELECT t.stripe_customer_id, sum(u.overage_input_tokens), sum(u.overage_output_tokens)
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		WHERE u.billing_status = $1 AND ($2::uuid[] IS NULL OR u.tenant_id = ANY($2::uuid[])) GROUP BY 1`, usagelog.StatusBilled, only)
+	totals, err := usagelog.BilledTotals(ctx, pool, only, "")
 	if err != nil {
 		return nil, fmt.Errorf("billed totals: %w", err)
 	}
-	defer rows.Close()
+	cat, err := meters.NewStore(pool, inputEvent, outputEvent).Catalog(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("billed totals: %w", err)
+	}
 	billed := map[emulator.AppliedKey]int64{}
-	for rows.Next() {
-		var cus string
-		var in, out int64
-		if err := rows.Scan(&cus, &in, &out); err != nil {
-			return nil, fmt.Errorf("billed totals: %w", err)
-		}
-		if in != 0 {
-			billed[emulator.AppliedKey{Customer: cus, EventName: inputEvent}] = in
-		}
-		if out != 0 {
-			billed[emulator.AppliedKey{Customer: cus, EventName: outputEvent}] = out
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("billed totals: %w", err)
-	}
-	// The meters other than the defaults: their lines, by the meter's
-	// event name.
-	rows, err = pool.Query(ctx, `SELECT t.stripe_customer_id, m.event_name, sum(x.o)::bigint
-		FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
-		CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage) AS x (k, o) JOIN meters m ON m.key = x.k
-		WHERE u.billing_status = $1 AND u.meter_keys IS NOT NULL AND ($2::uuid[] IS NULL OR u.tenant_id = ANY($2::uuid[]))
-		GROUP BY 1, 2`, usagelog.StatusBilled, only)
-	if err != nil {
-		return nil, fmt.Errorf("billed totals of meters: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var cus, name string
-		var n int64
-		if err := rows.Scan(&cus, &name, &n); err != nil {
-			return nil, fmt.Errorf("billed totals of meters: %w", err)
+	for k, n := range totals {
+		m, ok := cat.Meter(k.Meter)
+		if !ok {
+			return nil, fmt.Errorf("billed totals: usage logs name the meter %q, which the catalog does not hold", k.Meter)
 		}
 		if n != 0 {
-			billed[emulator.AppliedKey{Customer: cus, EventName: name}] += n
+			billed[emulator.AppliedKey{Customer: k.Customer, EventName: m.EventName}] += n
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("billed totals of meters: %w", err)
 	}
 	return billed, nil
 }
@@ -127,15 +105,12 @@ func RequireStripeMatchesBilled(t testing.TB, pool *pgxpool.Pool, emu *emulator.
 	for _, e := range emu.Events() {
 		// Every event Stripe took is one accepted report, with the value
 		// and timestamp committed for it before its first send.
-		var value int64
-		var ts time.Time
-		var state string
-		if err := pool.QueryRow(context.Background(), `SELECT value, ts, state FROM usage_reports
-			WHERE 'usage-log:' || lead_usage_log_id || ':' || dimension = $1`, e.Identifier).Scan(&value, &ts, &state); err != nil {
+		r, err := usagelog.ReportByKey(context.Background(), pool, e.Identifier)
+		if err != nil {
 			t.Fatalf("Stripe applied %s, which is no report: %v", e.Identifier, err)
 		}
-		if value != e.Value || !ts.Truncate(time.Second).Equal(e.Timestamp.Truncate(time.Second)) || state != string(usagelog.ReportAccepted) {
-			t.Fatalf("Stripe applied %s with value %d at %s; its report has %d at %s and is %s", e.Identifier, e.Value, e.Timestamp, value, ts, state)
+		if r.Value != e.Value || !r.Timestamp.Truncate(time.Second).Equal(e.Timestamp.Truncate(time.Second)) || r.State != usagelog.ReportAccepted {
+			t.Fatalf("Stripe applied %s with value %d at %s; its report has %d at %s and is %s", e.Identifier, e.Value, e.Timestamp, r.Value, r.Timestamp, r.State)
 		}
 	}
 }

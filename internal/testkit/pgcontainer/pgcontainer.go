@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 )
 
@@ -27,4 +28,25 @@ func Start(ctx context.Context) (string, func(context.Context) error, error) {
 		return "", nil, fmt.Errorf("PostgreSQL container address: %w", err)
 	}
 	return url, func(ctx context.Context) error { return c.Terminate(ctx) }, nil
+}
+
+// DockerAnswers returns nil when a Docker engine answers testcontainers-go,
+// else why not, so a test of the Docker path skips only where no engine
+// runs (and never because the path it tests failed).
+func DockerAnswers(ctx context.Context) (err error) {
+	// testcontainers-go panics on some hosts it cannot read.
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("find a Docker engine: %v", r)
+		}
+	}()
+	p, err := testcontainers.ProviderDefault.GetProvider()
+	if err != nil {
+		return fmt.Errorf("find a Docker engine: %w", err)
+	}
+	defer p.Close()
+	if err := p.Health(ctx); err != nil {
+		return fmt.Errorf("ask the Docker engine: %w", err)
+	}
+	return nil
 }

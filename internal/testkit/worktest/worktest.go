@@ -110,8 +110,8 @@ func New(t *testing.T, opts Options) *World {
 		opts.BatchDelay = 200 * time.Millisecond
 	}
 	w := &World{Pool: pool, Emu: emu, Stripe: sc, River: rc, BatchDelay: opts.BatchDelay,
-		Ingest: app.NewIngest(pool, rc, &app.Config{ReportMaxAttempts: opts.IngestMaxAttempts, ReportBatchDelay: opts.BatchDelay,
-			IngestCoalesce: ingest.DefaultGroupsInFlight}),
+		Ingest: app.NewIngest(pool, rc, &app.IngestConfig{Report: app.ReportConfig{MaxAttempts: opts.IngestMaxAttempts, BatchDelay: opts.BatchDelay},
+			Coalesce: ingest.DefaultGroupsInFlight}),
 		Tenants: map[string]*tenants.Created{}}
 	for _, p := range opts.Tenants {
 		if p.Name == "" {

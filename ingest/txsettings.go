@@ -13,19 +13,16 @@ import "strconv"
 //
 // Every read of an ingest transaction is a lookup by a whole key. A plan
 // made while a table was small or not yet analysed picks a sequential or
-// a bitmap scan of the tenant's rows instead (measured: a generic plan of
-// the key lookup made at 5 rows read all 50,005 rows of the tenant at
-// 50,005; one made on an empty table, a bitmap of the tenant's 47,565
-// keys), and a cached generic plan keeps it until the next ANALYZE. With
-// both off the planner has only index scans left for the lookups, so they
-// read what they answer at any table size and any statistics; they change
-// nothing else (nothing here scans).
+// a bitmap scan of the tenant's rows instead, and a cached generic plan
+// keeps it until the next ANALYZE (docs/benchmarks.md, "Measurements
+// behind the code"). With both off the planner has only index scans left
+// for the lookups, so they read what they answer at any table size and
+// any statistics; they change nothing else (nothing here scans).
 //
 // JIT is off for the same reason: a scan it cannot avoid (a table without
 // an index for the statement) is costed at 10^10 once disabled, far above
-// jit_above_cost, and compiling the statement then took a second
-// (measured: 1,196 ms for a three-key lookup, 0.3 ms without JIT) — no
-// statement here ever repays compiling.
+// jit_above_cost, and compiling the statement then costs far more than
+// running it — no statement here ever repays compiling.
 var txSettingsSQL = `set_config('idle_in_transaction_session_timeout', '` + strconv.FormatInt(lockTimeout.Milliseconds(), 10) + `ms', true),
 	set_config('enable_seqscan', 'off', true),
 	set_config('enable_bitmapscan', 'off', true),

@@ -94,24 +94,12 @@ func readBacklog(ctx context.Context, db interface {
 
 // backlogSQL reads the backlog.
 var backlogSQL = `SELECT
-			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", StatusPending) + `), 0)::bigint,
-			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", StatusNeedsReview) + `), 0)::bigint,
-			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", StatusFailed) + `), 0)::bigint,
-			` + OldestPendingSQL + `,
+			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", overage.BillingStatusPending) + `), 0)::bigint,
+			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", overage.BillingStatusNeedsReview) + `), 0)::bigint,
+			coalesce(sum(usage_logs) FILTER (WHERE ` + Is("billing_status", overage.BillingStatusFailed) + `), 0)::bigint,
+			` + OldestPendingSQL("") + `,
 			now()
 		FROM billing_counters`
-
-// OldestPendingSQL is the created_at of the oldest pending log of any
-// tenant, as a scalar subquery: the first entry of usage_logs_tenant_pending
-// of each tenant whose counters say it has pending logs, one probe each.
-// (A global (created_at) index of pending logs answered it in one probe;
-// it cost every pending log another index entry, about 50 bytes and a
-// write at ingest and again at billing, for this read alone. 0053 drops it.)
-var OldestPendingSQL = `(SELECT min(o.oldest)
-		FROM (SELECT c.tenant_id FROM billing_counters c WHERE ` + Is("c.billing_status", StatusPending) + `
-			GROUP BY c.tenant_id HAVING sum(c.usage_logs) > 0) p
-		CROSS JOIN LATERAL (SELECT min(u.created_at) AS oldest FROM usage_logs u
-			WHERE u.tenant_id = p.tenant_id AND ` + Is("u.billing_status", StatusPending) + `) o)`
 
 // CountByStatus counts the usage logs of tenants (ids as []uuid.UUID or
 // []string) by billing status: the demo's progress. It reads the logs, not
@@ -131,4 +119,41 @@ func CountByStatus(ctx context.Context, db DB, tenantIDs any) (map[overage.Billi
 		out[s] = n
 	}
 	return out, rows.Err()
+}
+
+// OldestPendingSQL is the SQL of the creation time of the oldest pending
+// usage log of the tenant (SQL tenant; "" for every tenant), NULL for
+// none: the first entry of usage_logs_tenant_pending, for the statements
+// of finance's status and the metrics backlog that read it with their
+// counters in one snapshot. For every tenant, that entry of each tenant
+// whose counters show pending logs, one probe each: a global (created_at)
+// index of pending logs answered it in one probe, but cost every pending
+// log another index entry, about 50 bytes and a write at ingest and again
+// at billing, for this read alone (0053 drops it).
+func OldestPendingSQL(tenant string) string {
+	if tenant == "" {
+		return `(SELECT min(o.oldest)
+		FROM (SELECT c.tenant_id FROM billing_counters c WHERE ` + Is("c.billing_status", overage.BillingStatusPending) + `
+			GROUP BY c.tenant_id HAVING sum(c.usage_logs) > 0) p
+		CROSS JOIN LATERAL (SELECT min(u.created_at) AS oldest FROM usage_logs u
+			WHERE u.tenant_id = p.tenant_id AND ` + Is("u.billing_status", overage.BillingStatusPending) + `) o)`
+	}
+	return `(SELECT min(u.created_at) FROM usage_logs u WHERE u.tenant_id = ` + tenant + ` AND ` + Is("u.billing_status", overage.BillingStatusPending) + `)`
+}
+
+// CountersSQL is the counter rows of billing_counters computed from the
+// logs, per tenant and status (tenant_id, billing_status, usage_logs,
+// overage_input_tokens, overage_output_tokens): finance rebuilds its
+// counters with it, after LockWrites.
+const CountersSQL = `SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens)
+FROM usage_logs
+GROUP BY tenant_id, billing_status`
+
+// LockWrites locks usage_logs in tx against every write until tx ends
+// (SHARE ROW EXCLUSIVE): readers go on, ingest and the workers wait.
+func LockWrites(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `LOCK TABLE usage_logs IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		return fmt.Errorf("lock usage_logs: %w", err)
+	}
+	return nil
 }

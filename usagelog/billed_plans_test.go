@@ -1,4 +1,4 @@
-package reconcile
+package usagelog
 
 import (
 	"context"
@@ -14,19 +14,19 @@ import (
 // 50,000 logs written after the day asked (the table grows, the answer
 // does not), the sums of the day read a few BRIN ranges (usage_logs_ts,
 // 0050), whatever the statistics, in transactions opened by
-// rangeSettingsSQL as billed and billedOnMeters open theirs. Without the
-// index (control) they scan the whole table.
+// rangeSettingsSQL as Billed opens its own. Without the index (control)
+// they scan the whole table.
 func TestBilledReadsTheDaysAskedNotTheTable(t *testing.T) {
 	t.Parallel()
 	const grown = 50_000
 	const tenant = "00000000-0000-4000-8000-00000000fffd"
 	day := "(date_trunc('day', now()) - interval '30 days')"
 	probes := []pgtest.Probe{
-		{Name: "billed", SQL: billedQuery(false), Settings: rangeSettingsSQL,
+		{Name: "billed", SQL: billedQuery(billedFilter{}), Settings: rangeSettingsSQL,
 			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day', now(), %[2]v)", day, lateReach.Seconds())},
-		{Name: "billed (tenants)", SQL: billedQuery(true), Settings: rangeSettingsSQL,
+		{Name: "billed (tenants)", SQL: billedQuery(billedFilter{tenants: true}), Settings: rangeSettingsSQL,
 			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day', now(), %[3]v, '{%[2]s}')", day, tenant, lateReach.Seconds())},
-		{Name: "billed on meters", SQL: billedOnMetersQuery(false), Settings: rangeSettingsSQL,
+		{Name: "billed on meters", SQL: billedOnMetersQuery(billedFilter{}), Settings: rangeSettingsSQL,
 			Args: fmt.Sprintf("(%[1]s, %[1]s + interval '1 day', %[2]v)", day, lateReach.Seconds())},
 	}
 	for _, c := range []struct {

@@ -6,20 +6,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/overage-billing/overage/outbox"
 )
-
-// queueReport queues the tenant's report job in tx. A job already queued
-// for this batch period is reused rather than doubled; a job running right
-// now is no obstacle: the reopened reports are picked up by this one.
-func queueReport(ctx context.Context, tx pgx.Tx, inserter *outbox.Inserter, tenantID uuid.UUID) (*QueuedJob, error) {
-	res, err := inserter.InsertTenantReportTx(ctx, tx, tenantID)
-	if err != nil {
-		return nil, err
-	}
-	return &QueuedJob{ID: res.Job.ID, State: string(res.Job.State), ScheduledAt: res.Job.ScheduledAt.UTC(), Existing: res.UniqueSkippedAsDuplicate}, nil
-}
 
 // auditMembers records the decision res for the other members of the
 // named log's reports, in tx, as the named log's row says.

@@ -1,0 +1,81 @@
+package ingest
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/overage-billing/overage"
+)
+
+// The flat arguments of the log insert: each log's keys joined (reused
+// while consecutive logs repeat them), its tokens and overage, offset and
+// count, whatever the order of logs with other meters or none.
+func TestFlatLinesOfMixedLogs(t *testing.T) {
+	defaults := []overage.MeterLine{{Meter: "input", Tokens: 1}, {Meter: "output", Tokens: 2}}
+	line := func(meter string, n int64) overage.MeterLine {
+		// A key of its own backing bytes, as each row's would be.
+		return overage.MeterLine{Meter: strings.Clone(meter), Tokens: n, Overage: n * 10}
+	}
+	logs := [][]overage.MeterLine{
+		defaults,
+		append(slices.Clone(defaults), line("a", 1), line("b", 2), line("c", 3)),
+		append(slices.Clone(defaults), line("a", 4), line("b", 5), line("c", 6)),
+		append(slices.Clone(defaults), line("a", 7), line("c", 8)),
+		defaults,
+		append(slices.Clone(defaults), line("c", 9), line("a", 10)),
+		append(slices.Clone(defaults), line("c", 11), line("b", 12)),
+	}
+	var f flatLines
+	for _, l := range logs {
+		f.add(l)
+	}
+	var keys []string
+	for _, k := range f.keys {
+		if !k.Valid {
+			keys = append(keys, "NULL")
+			continue
+		}
+		keys = append(keys, k.String)
+	}
+	if want := []string{"NULL", "a,b,c", "a,b,c", "a,c", "NULL", "c,a", "c,b"}; !slices.Equal(keys, want) {
+		t.Fatalf("keys %q, want %q", keys, want)
+	}
+	if want := []int32{0, 0, 3, 6, 8, 8, 10}; !slices.Equal(f.offsets, want) {
+		t.Fatalf("offsets %v, want %v", f.offsets, want)
+	}
+	if want := []int32{0, 3, 3, 2, 0, 2, 2}; !slices.Equal(f.count, want) {
+		t.Fatalf("counts %v, want %v", f.count, want)
+	}
+	for i, n := range f.tokens {
+		if int64(n) != int64(i+1) || int64(f.over[i]) != 10*int64(i+1) {
+			t.Fatalf("line %d: tokens %d, overage %d", i, n, f.over[i])
+		}
+	}
+}
+
+// Lines cut from the transaction's block are each a log's own: filling
+// one, or appending past it, never changes another's.
+func TestNewLinesDoNotOverlap(t *testing.T) {
+	st := &state{}
+	var all [][]overage.MeterLine
+	for i := range 2000 {
+		n := 1 + i%7
+		lines := st.newLines(n)
+		if len(lines) != 0 || cap(lines) != n {
+			t.Fatalf("newLines(%d): len %d cap %d", n, len(lines), cap(lines))
+		}
+		for j := range n {
+			lines = append(lines, overage.MeterLine{Tokens: int64(i), Overage: int64(j)})
+		}
+		all = append(all, lines)
+		_ = append(all[len(all)/2], overage.MeterLine{Tokens: -1}) // past its room: a copy
+	}
+	for i, lines := range all {
+		for j, ln := range lines {
+			if ln.Tokens != int64(i) || ln.Overage != int64(j) {
+				t.Fatalf("log %d line %d: %+v", i, j, ln)
+			}
+		}
+	}
+}
