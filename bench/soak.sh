@@ -49,10 +49,25 @@ load() {
 }
 single() { load "$1" "$2" -clients 32 -tenants 1; }
 batch() { load "$1" "$2" -clients 8 -tenants 100 -batch 100; }
-# size NAME TABLE EVENTS: bytes per event of TABLE (all partitions).
+# size NAME TABLE EVENTS: bytes per event of TABLE (all partitions): the
+# total, then heap (with its free space and visibility maps), TOAST and
+# each index (an index of several partitions by its partition's name less
+# the partition's, as "_key").
 size() {
-  psql -qtA "$URL" -c "SELECT '$1 ' || '$2 ' || round(coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('$2') WHERE isleaf),
-    pg_total_relation_size('$2')) / greatest($3, 1)::numeric)"
+  psql -qtA "$URL" <<SQL
+WITH p AS (SELECT relid FROM pg_partition_tree('$2') WHERE isleaf
+    UNION ALL SELECT oid FROM pg_class WHERE oid = '$2'::regclass AND relkind = 'r'), n AS (SELECT greatest($3, 1)::numeric AS n)
+SELECT '$1 $2 ' || round(sum(pg_total_relation_size(relid)) / n)
+    || ' (heap ' || round(sum(pg_table_size(relid) - coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0)) / n)
+    || ', toast ' || round(sum(coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0)) / n)
+    || ', indexes ' || round(sum(pg_indexes_size(relid)) / n) || ')'
+  FROM p JOIN pg_class c ON c.oid = p.relid, n GROUP BY n.n
+UNION ALL
+SELECT '  index ' || name || ' ' || round(sum(bytes) / max(n.n), 1)
+  FROM (SELECT regexp_replace(i.indexrelid::regclass::text, '^' || c.relname, '$2') AS name, pg_relation_size(i.indexrelid) AS bytes
+    FROM p JOIN pg_class c ON c.oid = p.relid JOIN pg_index i ON i.indrelid = p.relid) x, n
+  GROUP BY name HAVING sum(bytes) > 8192 * count(*);
+SQL
 }
 windows() {
   python3 - "$@" <<'PY'

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 )
@@ -13,7 +14,8 @@ const Horizon = TTL + time.Hour
 
 // LookupSQL reads the newest stored record of each key in $2 of tenant $1,
 // live or expired. The lookup is one index probe per key and partition on
-// the whole key (tenant_id, idempotency_key): the key is a parameter of
+// the whole key (tenant_id and the key's digest, or the key itself in a
+// partition made before 0052): the key is a parameter of
 // the inner scan, not a filter over the tenant's rows, whatever the
 // statistics say. An expired record is replaced (DeleteExpiredSQL); a
 // key has at most one record in each partition.
@@ -22,7 +24,7 @@ var LookupSQL = `SELECT k.key, r.fingerprint, r.response_status, r.response_body
 	CROSS JOIN LATERAL (
 		SELECT i.fingerprint, i.response_status, i.response_body, i.usage_log_id, i.expires_at
 		FROM idempotency_keys i
-		WHERE i.tenant_id = $1 AND i.idempotency_key = k.key
+		WHERE i.tenant_id = $1 AND ` + digest("i.idempotency_key") + ` = ` + digest("k.key") + ` AND i.idempotency_key = k.key
 		  AND i.expires_at <= now() + interval '` + strconv.FormatInt(int64(Horizon.Seconds()), 10) + ` seconds'
 		ORDER BY i.expires_at DESC
 		LIMIT 1) AS r`
@@ -30,7 +32,10 @@ var LookupSQL = `SELECT k.key, r.fingerprint, r.response_status, r.response_body
 // DeleteExpiredSQL removes one expired record before its key is stored
 // anew: one statement a key (rare: a key reused after TTL), each an
 // index lookup on the whole row identity.
-const DeleteExpiredSQL = `DELETE FROM idempotency_keys WHERE tenant_id = $1 AND idempotency_key = $2 AND expires_at = $3`
+var DeleteExpiredSQL = `DELETE FROM idempotency_keys WHERE tenant_id = $1 AND ` + digest("idempotency_key") + ` = ` + digest("$2::text") + ` AND idempotency_key = $2 AND expires_at = $3`
+
+// digest is KeyDigest of the key expression k.
+func digest(k string) string { return fmt.Sprintf(KeyDigest, k) }
 
 // InsertSQL stores the answers of a transaction's members.
 const InsertSQL = `INSERT INTO idempotency_keys
