@@ -24,7 +24,7 @@ import (
 const (
 	// ServeAPIMaxConns is the pool of ingest, tenants and webhooks.
 	ServeAPIMaxConns = 14
-	// ServeAdminMaxConns is the pool of the finance report: slow reports
+	// ServeAdminMaxConns is the pool of the finance statement: slow statements
 	// hold at most these, never a connection ingest needs.
 	ServeAdminMaxConns = 3
 	// ServeMetricsMaxConns is the pool of /metrics' backlog gauges, read

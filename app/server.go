@@ -136,7 +136,7 @@ func NewServerOn(pool *pgxpool.Pool, cfg *ServeConfig, logger *slog.Logger) (*Se
 	return wireServer(pool, pool, pool, cfg, logger)
 }
 
-// wireServer wires the API on pool, the finance report on adminPool and
+// wireServer wires the API on pool, the finance statement on adminPool and
 // the metrics' backlog gauges on metricsPool.
 func wireServer(pool, adminPool, metricsPool *pgxpool.Pool, cfg *ServeConfig, logger *slog.Logger) (*Server, error) {
 	// Insert-only: `serve` runs no workers, it only puts jobs in the
@@ -230,7 +230,7 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// Pools are the API's pool and the finance report's (the same pool when
+// Pools are the API's pool and the finance statement's (the same pool when
 // the caller gave one).
 func (s *Server) Pools() (api, admin *pgxpool.Pool) { return s.pool, s.adminPool }
 

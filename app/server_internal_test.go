@@ -26,9 +26,9 @@ func TestServerTimeouts(t *testing.T) {
 		t.Fatalf("ReadHeaderTimeout %v, ReadTimeout %v, WriteTimeout %v: want each set", h.ReadHeaderTimeout, h.ReadTimeout, h.WriteTimeout)
 	}
 	// A response under /v1/ gets a write deadline past its request's
-	// deadline; the server's WriteTimeout must not cut the finance report
+	// deadline; the server's WriteTimeout must not cut the finance statement
 	// off before it.
 	if h.WriteTimeout < AdminRequestTimeout+writeGrace {
-		t.Errorf("WriteTimeout %v is shorter than the finance report's deadline and grace %v", h.WriteTimeout, AdminRequestTimeout+writeGrace)
+		t.Errorf("WriteTimeout %v is shorter than the finance statement's deadline and grace %v", h.WriteTimeout, AdminRequestTimeout+writeGrace)
 	}
 }

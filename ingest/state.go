@@ -81,10 +81,10 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 	b := &pgx.Batch{}
 	planMode := ""
 	if len(g.events) == 1 || len(g.members) > 1 {
-		// A group of single events (about 12 at 32 clients) too: PostgreSQL's
-		// CPU an event 119 and 152 µs with generic plans, 124 and 158 µs with
-		// custom ones (A B B A; one tenant, 32 clients of bench/ingestload,
-		// CPU of the backends read from /proc over 8 s).
+		// A group of single events too: generic plans cost PostgreSQL a
+		// little less CPU an event than custom ones there (docs/benchmarks.md,
+		// "Measurements behind the code"), and the settings keep every key
+		// lookup on the whole key whatever the plan.
 		planMode = "force_generic_plan"
 	}
 	queueClaim(b, g.tenantID, keys, slot, planMode)
