@@ -12,7 +12,8 @@ import (
 
 // TestIngestTablesHaveOneOwner holds the tables an ingest request adds
 // rows to to one owner each: the SQL that adds usage logs, the SQL of the
-// idempotency records and the writes of the period totals are each in one
+// idempotency records, the writes of the period totals and the statements
+// on usage logs and reports are each in one
 // place of the production tree (tests, migrations and the benchmarks'
 // seeding aside), so a second copy of the ingest protocol cannot grow
 // back unnoticed.
@@ -27,6 +28,7 @@ func TestIngestTablesHaveOneOwner(t *testing.T) {
 		{"idempotency record SQL", regexp.MustCompile(`(?i)(INTO|FROM|UPDATE|TABLE|LIKE)\s+idempotency_keys\b`),
 			[]string{"idempotency/records.go", "idempotency/partitions.go"}},
 		{"period total writes", regexp.MustCompile(`(?i)(INTO|UPDATE|DELETE\s+FROM)\s+(allowance_usage|meter_usage)\b`), []string{"ingest/totals.go"}},
+		{"usage log and report statements", regexp.MustCompile(`\b(FROM|JOIN|UPDATE|INTO)\s+(usage_logs|usage_reports)\b`), usagelogFiles(t)},
 	}
 	found := make([][]string, len(owners))
 	root := ".."
@@ -72,4 +74,22 @@ func TestIngestTablesHaveOneOwner(t *testing.T) {
 			}
 		}
 	}
+}
+
+// usagelogFiles are the production files of package usagelog, the owner
+// of usage_logs and usage_reports: every statement on them is in one of
+// these (docs/architecture.md).
+func usagelogFiles(t *testing.T) []string {
+	t.Helper()
+	names, err := filepath.Glob("../usagelog/*.go")
+	if err != nil || len(names) == 0 {
+		t.Fatalf("list usagelog's files: %v (%d)", err, len(names))
+	}
+	var out []string
+	for _, n := range names {
+		if !strings.HasSuffix(n, "_test.go") {
+			out = append(out, "usagelog/"+filepath.Base(n))
+		}
+	}
+	return out
 }

@@ -175,4 +175,4 @@ const lockForReviewSQL = `SELECT billing_status, billing_message, first_attempt_
 		FROM usage_logs WHERE id = $1 FOR UPDATE`
 
 // tenantOfSQL is the tenant of the log $1.
-const tenantOfSQL = `SELECT tenant_id FROM usage_logs WHERE id = $1`
+const tenantOfSQL = TenantOfLogSQL
