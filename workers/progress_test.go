@@ -83,7 +83,7 @@ func TestAStripeThatAlwaysFailsStillEndsTheJobAfterItsAttempts(t *testing.T) {
 		ids = append(ids, b.Record(t, "cus_down", int64(i+1), 1))
 	}
 	b.Start(t, workers.Config{MaxAttempts: 2, SweepGrace: time.Hour})
-	polltest.Until(t, "no live report job and one discarded", 60*time.Second, func() bool {
+	polltest.Until(t, "no live report job and one discarded", 120*time.Second, func() bool {
 		return len(reportJobs(t, b.River, liveStates...)) == 0 && countJobs(t, b.River, rivertype.JobStateDiscarded) >= 1
 	})
 	for _, j := range reportJobs(t, b.River, rivertype.JobStateDiscarded) {
