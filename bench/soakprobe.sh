@@ -84,3 +84,17 @@ w = r["windows"]
 print(f"events/s {r['events_per_s']:.0f} p99 {r['p99_ms']:.1f} errors {r['errors']} last/first {w[-1]['events_per_s'] / max(w[0]['events_per_s'], 1):.2f}")
 print("  per window (events/s/p99 ms): " + ", ".join(f"{x['events_per_s']:.0f}/{x['p99_ms']:.0f}" for x in w))
 PY
+python3 - "$OUT.stats" <<'PY'
+import sys
+prev = None
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) == 5 and f[0] == 't':
+        s, wal, ck, n = map(int, f[1:])
+        if prev and n > prev[3]:
+            de = n - prev[3]
+            print(f"t={s:4d} events {de / max(s - prev[0], 1):6.0f}/s  WAL/event {(wal - prev[1]) / de:6.0f} B  checkpoints +{ck - prev[2]}")
+        prev = (s, wal, ck, n)
+PY
+grep '^r ' "$OUT.stats" | awk -v t="$(grep '^r ' "$OUT.stats" | tail -1 | cut -d' ' -f2)" '$2 == t {print "  " $3, "ins", $4, "upd", $5, "hot", $6, "dead", $7, "autovacuum", $8, "autoanalyze", $9, "bytes", $10}'
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)"
