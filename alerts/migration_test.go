@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/overage-billing/overage/ingest"
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/migrations"
@@ -117,25 +118,8 @@ func TestPeriodCountersMigrationUnderLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var diffs, groups int
-	if err := pool.QueryRow(ctx, `
-		WITH logs AS (
-			SELECT u.tenant_id, u.period_start, m.meter, u.billing_status, sum(m.o) AS o
-			FROM usage_logs u CROSS JOIN LATERAL (
-				SELECT 'input'::text AS meter, u.overage_input_tokens AS o
-				UNION ALL SELECT 'output', u.overage_output_tokens
-				UNION ALL SELECT x.k, x.o FROM unnest(u.meter_keys, u.meter_overage) AS x (k, o)
-			) AS m
-			GROUP BY 1, 2, 3, 4 HAVING sum(m.o) <> 0
-		), counters AS (
-			SELECT tenant_id, period_start, meter, billing_status, sum(overage_tokens) AS o
-			FROM period_counters GROUP BY 1, 2, 3, 4 HAVING sum(overage_tokens) <> 0
-		)
-		SELECT count(*) FILTER (WHERE l.o IS DISTINCT FROM c.o), count(*)
-		FROM logs l FULL JOIN counters c USING (tenant_id, period_start, meter, billing_status)`).Scan(&diffs, &groups); err != nil {
-		t.Fatal(err)
-	}
-	if diffs != 0 || groups < 3 {
-		t.Fatalf("%d of %d (tenant, period, meter, status) groups differ between period_counters and usage_logs", diffs, groups)
+	differ, groups := billingtest.CountersAgainstLines(t, pool)
+	if len(differ) != 0 || groups < 3 {
+		t.Fatalf("%d of %d (tenant, period, meter, status) groups differ between period_counters and usage_logs: %v", len(differ), groups, differ)
 	}
 }

@@ -4,30 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/overage-billing/overage/internal/testkit/billingtest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
-
-// linesMismatchSQL lists every (tenant, period, meter, status) whose
-// period_counters total differs from the sum of its logs' lines, counted
-// one line at a time as the backfill (0042) counts them: the default
-// meters' columns and unnest of meter_keys with meter_overage.
-const linesMismatchSQL = `
-	WITH want AS (
-		SELECT u.tenant_id, u.period_start, m.meter, u.billing_status, sum(m.o) AS n
-		FROM usage_logs u CROSS JOIN LATERAL (
-			SELECT 'input'::text AS meter, u.overage_input_tokens AS o
-			UNION ALL SELECT 'output', u.overage_output_tokens
-			UNION ALL SELECT x.k, x.o FROM unnest(u.meter_keys, u.meter_overage) AS x (k, o)
-		) AS m
-		GROUP BY 1, 2, 3, 4 HAVING sum(m.o) <> 0
-	), have AS (
-		SELECT tenant_id, period_start, meter, billing_status, sum(overage_tokens) AS n
-		FROM period_counters GROUP BY 1, 2, 3, 4 HAVING sum(overage_tokens) <> 0
-	)
-	SELECT coalesce(w.meter, h.meter) || '/' || coalesce(w.billing_status, h.billing_status) || ': counted ' ||
-		coalesce(h.n, 0) || ', logs ' || coalesce(w.n, 0)
-	FROM want w FULL JOIN have h USING (tenant_id, period_start, meter, billing_status)
-	WHERE w.n IS DISTINCT FROM h.n`
 
 // The period_counters triggers sum a statement's logs per group of meter
 // keys and expand only the groups (0043): every shape of lines must count
@@ -41,20 +20,9 @@ func TestPeriodCountersCountEveryLine(t *testing.T) {
 	ctx := context.Background()
 	check := func(step string) {
 		t.Helper()
-		rows, err := pool.Query(ctx, linesMismatchSQL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var s string
-			if err := rows.Scan(&s); err != nil {
-				t.Fatal(err)
-			}
-			t.Errorf("%s: %s", step, s)
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
+		differ, _ := billingtest.CountersAgainstLines(t, pool)
+		for _, d := range differ {
+			t.Errorf("%s: %s", step, d)
 		}
 		if t.Failed() {
 			t.FailNow()
