@@ -28,6 +28,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/overage-billing/overage/idempotency"
+	"github.com/overage-billing/overage/webhooks"
 )
 
 //go:embed *.sql
@@ -80,6 +81,8 @@ type Result struct {
 	Applied       []Migration
 	// Partitions are the idempotency record partitions created.
 	Partitions []string
+	// WebhookPartitions are the Stripe webhook event partitions created.
+	WebhookPartitions []string
 }
 
 // Migrate applies River's migrations, then the project's, holding an
@@ -185,6 +188,11 @@ func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, v
 	// The idempotency records' partitions a week ahead, so that ingest
 	// works from the first minute, before any `overage work` has run.
 	if res.Partitions, err = idempotency.EnsurePartitions(ctx, pool); err != nil {
+		return nil, err
+	}
+	// And the webhook events' months ahead, so deliveries are stored past
+	// the first partition's bound.
+	if res.WebhookPartitions, err = webhooks.EnsurePartitions(ctx, pool); err != nil {
 		return nil, err
 	}
 	return res, nil

@@ -22,6 +22,8 @@ package webhooks
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -70,6 +72,10 @@ type Handler struct {
 	river  *river.Client[pgx.Tx]
 	secret string
 	logger *slog.Logger
+	// beforeInsert, set by a test, runs after a delivery found no stored
+	// event and before it inserts: where a second delivery of the same
+	// event would race it but for the event lock.
+	beforeInsert func(StoredEvent)
 }
 
 // NewHandler returns the webhook handler.
@@ -157,41 +163,91 @@ type StoredEvent struct {
 // Store records a verified event and queues its processing job in one
 // transaction. A duplicate stores nothing; when it is not processed yet, its
 // job is queued again (a no-op while a live one exists).
+//
+// The table is partitioned by receipt month and each month's unique index
+// referees only its month, so the store itself is the referee across
+// months: it takes a transaction lock on (account, event id) before it
+// looks the event up, so of two deliveries of one event the second waits
+// for the first to commit and then finds its row, in whichever month it
+// was stored. The month's unique index stays the backstop (ON CONFLICT DO
+// NOTHING, then the lookup) against a writer that does not take the lock.
 func (h *Handler) Store(ctx context.Context, e StoredEvent) (Result, error) {
 	var res Result
 	err := pgx.BeginFunc(ctx, h.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, eventLock(e.Account, e.ID)); err != nil {
+			return fmt.Errorf("lock webhook event %s: %w", e.ID, err)
+		}
+		found, err := h.stored(ctx, tx, e, &res)
+		if err != nil || found {
+			return err
+		}
+		if h.beforeInsert != nil {
+			h.beforeInsert(e)
+		}
 		var created *time.Time
 		if e.Created > 0 {
 			c := time.Unix(e.Created, 0).UTC()
 			created = &c
 		}
-		err := tx.QueryRow(ctx, `INSERT INTO stripe_webhook_events
+		err = tx.QueryRow(ctx, `INSERT INTO stripe_webhook_events
 				(event_id, account, type, api_version, livemode, event_created, payload)
 			VALUES ($1, $2, $3, nullif($4, ''), $5, $6, $7)
-			ON CONFLICT (event_id, account) DO NOTHING RETURNING seq`,
+			ON CONFLICT DO NOTHING RETURNING seq`,
 			e.ID, e.Account, e.Type, e.APIVersion, e.Livemode, created, string(e.Payload)).Scan(&res.Seq)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			res.Duplicate = true
-			// The row lock orders us after a processor applying it right now.
-			var processedAt *time.Time
-			if err := tx.QueryRow(ctx, `SELECT seq, processed_at FROM stripe_webhook_events
-				WHERE event_id = $1 AND account = $2 FOR UPDATE`, e.ID, e.Account).Scan(&res.Seq, &processedAt); err != nil {
-				return fmt.Errorf("read stored webhook event %s: %w", e.ID, err)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Stored meanwhile by a writer without the lock: a duplicate.
+			if found, err = h.stored(ctx, tx, e, &res); err == nil && !found {
+				err = fmt.Errorf("webhook event %s conflicts with a row the lookup does not find", e.ID)
 			}
-			if processedAt != nil {
-				res.Processed = true
-				return nil
-			}
-		case err != nil:
+			return err
+		}
+		if err != nil {
 			return fmt.Errorf("store webhook event %s: %w", e.ID, err)
 		}
-		ins, err := h.river.InsertTx(ctx, tx, outbox.ProcessWebhookArgs{Seq: res.Seq}, nil)
-		if err != nil {
-			return fmt.Errorf("queue webhook event %s: %w", e.ID, err)
-		}
-		res.Requeued = res.Duplicate && !ins.UniqueSkippedAsDuplicate
-		return nil
+		return h.queue(ctx, tx, e, &res)
 	})
 	return res, err
+}
+
+// stored looks e up in every partition (each one's unique index) and, when
+// it is there, fills res as a duplicate and queues its job again unless it
+// is processed.
+func (h *Handler) stored(ctx context.Context, tx pgx.Tx, e StoredEvent, res *Result) (bool, error) {
+	// The row lock orders us after a processor applying it right now.
+	var processedAt *time.Time
+	err := tx.QueryRow(ctx, `SELECT seq, processed_at FROM stripe_webhook_events
+		WHERE event_id = $1 AND account = $2 FOR UPDATE`, e.ID, e.Account).Scan(&res.Seq, &processedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read stored webhook event %s: %w", e.ID, err)
+	}
+	res.Duplicate = true
+	if processedAt != nil {
+		res.Processed = true
+		return true, nil
+	}
+	return true, h.queue(ctx, tx, e, res)
+}
+
+func (h *Handler) queue(ctx context.Context, tx pgx.Tx, e StoredEvent, res *Result) error {
+	ins, err := h.river.InsertTx(ctx, tx, outbox.ProcessWebhookArgs{Seq: res.Seq}, nil)
+	if err != nil {
+		return fmt.Errorf("queue webhook event %s: %w", e.ID, err)
+	}
+	res.Requeued = res.Duplicate && !ins.UniqueSkippedAsDuplicate
+	return nil
+}
+
+// eventLock maps (account, event id) to the 64-bit advisory lock id of the
+// event's store. A collision between two events (odds 2^-64) only makes
+// one delivery wait for the other.
+func eventLock(account, id string) int64 {
+	h := sha256.New()
+	h.Write([]byte("stripe-event\x00"))
+	h.Write([]byte(account))
+	h.Write([]byte{0})
+	h.Write([]byte(id))
+	return int64(binary.BigEndian.Uint64(h.Sum(nil)))
 }

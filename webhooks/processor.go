@@ -78,10 +78,12 @@ func (p *Processor) ProcessNext(ctx context.Context, upTo int64) (int64, error) 
 			return fmt.Errorf("take webhook order lock: %w", err)
 		}
 		var ev event
-		err := tx.QueryRow(ctx, `SELECT seq, event_id, account, type, coalesce(event_created, received_at), payload
+		// Across the partitions: a merge, by seq, of each one's index of
+		// unprocessed events (docs/plans.md, "Stripe webhook events").
+		err := tx.QueryRow(ctx, `SELECT seq, received_at, event_id, account, type, coalesce(event_created, received_at), payload
 			FROM stripe_webhook_events WHERE processed_at IS NULL AND seq <= $1
 			ORDER BY seq LIMIT 1 FOR UPDATE`, upTo).
-			Scan(&ev.seq, &ev.id, &ev.account, &ev.typ, &ev.created, &ev.payload)
+			Scan(&ev.seq, &ev.received, &ev.id, &ev.account, &ev.typ, &ev.created, &ev.payload)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -92,9 +94,17 @@ func (p *Processor) ProcessNext(ctx context.Context, upTo int64) (int64, error) 
 		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE stripe_webhook_events SET processed_at = clock_timestamp(), process_outcome = $2 WHERE seq = $1`,
-			ev.seq, outcome); err != nil {
+		// received_at picks the partition; processed_at IS NULL lets its
+		// index of unprocessed events find the row (seq has no other
+		// index in a month's partition).
+		tag, err := tx.Exec(ctx, `UPDATE stripe_webhook_events SET processed_at = clock_timestamp(), process_outcome = $3
+			WHERE seq = $1 AND received_at = $2 AND processed_at IS NULL`,
+			ev.seq, ev.received, outcome)
+		if err != nil {
 			return fmt.Errorf("mark webhook event %s processed: %w", ev.id, err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("mark webhook event %s processed: %d rows marked, want 1", ev.id, tag.RowsAffected())
 		}
 		p.logger.InfoContext(ctx, "stripe webhook processed", "seq", ev.seq, "event_id", ev.id, "account", ev.account, "type", ev.typ, "outcome", outcome)
 		seq = ev.seq
@@ -104,12 +114,13 @@ func (p *Processor) ProcessNext(ctx context.Context, upTo int64) (int64, error) 
 }
 
 type event struct {
-	seq     int64
-	id      string
-	account string
-	typ     string
-	created time.Time
-	payload []byte
+	seq      int64
+	received time.Time
+	id       string
+	account  string
+	typ      string
+	created  time.Time
+	payload  []byte
 }
 
 // permanent marks an event that can never be applied (its payload lacks

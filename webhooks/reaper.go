@@ -14,18 +14,17 @@ import (
 )
 
 // Retention is how long webhook events are kept. Stripe redelivers an
-// event for at most three days, so a row deleted after a year cannot let a
-// redelivery be applied twice.
+// event for at most three days, so a month dropped after a year cannot let
+// a redelivery be applied twice.
 const Retention = 365 * 24 * time.Hour
 
-// retentionBatch bounds each DELETE (locks, WAL).
-const retentionBatch = 5000
-
-// Reaper deletes processed webhook events older than Retention, batch by
-// batch, by the database clock, and requeues processing of events left
-// without a job (Requeue). An unprocessed event is never deleted: it
-// is still owed its effect (and is logged, since a year-old backlog means
-// the processor is stuck).
+// Reaper keeps the webhook events' partitions (Maintain): it drops the
+// months whose whole range is older than Retention and whose every event
+// is processed, whole, by the database clock, and creates the months
+// ahead. It also requeues processing of events left without a job
+// (Requeue). An unprocessed event is never dropped: it is still owed its
+// effect, so its month is kept (and logged, since a year-old backlog
+// means the processor is stuck). Nothing is deleted row by row.
 type Reaper struct {
 	river.WorkerDefaults[outbox.ExpireWebhookEventsArgs]
 	pool      *pgxpool.Pool
@@ -43,12 +42,8 @@ func NewReaper(pool *pgxpool.Pool, logger *slog.Logger) *Reaper {
 
 // Work implements river.Worker.
 func (w *Reaper) Work(ctx context.Context, _ *river.Job[outbox.ExpireWebhookEventsArgs]) error {
-	n, err := w.Expire(ctx)
-	if err != nil {
-		return err
-	}
-	if n > 0 {
-		w.logger.InfoContext(ctx, "expired webhook events deleted", "count", n)
+	if err := Maintain(ctx, w.pool, w.retention, w.logger); err != nil {
+		return fmt.Errorf("webhook event partitions: %w", err)
 	}
 	rc, err := river.ClientFromContextSafely[pgx.Tx](ctx)
 	if err != nil {
@@ -57,6 +52,9 @@ func (w *Reaper) Work(ctx context.Context, _ *river.Job[outbox.ExpireWebhookEven
 	if err := w.Requeue(ctx, rc); err != nil {
 		return err
 	}
+	// Counted by event, not by partition: an unprocessed event past
+	// retention in a month not yet wholly past (or in the first
+	// partition, which spans months) is reported too.
 	var stuck int64
 	if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM stripe_webhook_events
 		WHERE processed_at IS NULL AND received_at < now() - make_interval(secs => $1)`, w.retention.Seconds()).Scan(&stuck); err != nil {
@@ -85,22 +83,4 @@ func (w *Reaper) Requeue(ctx context.Context, rc *river.Client[pgx.Tx]) error {
 		return fmt.Errorf("requeue webhook events up to %d: %w", *seq, err)
 	}
 	return nil
-}
-
-// Expire deletes expired processed events and returns how many.
-func (w *Reaper) Expire(ctx context.Context) (int64, error) {
-	total := int64(0)
-	for {
-		tag, err := w.pool.Exec(ctx, `DELETE FROM stripe_webhook_events WHERE seq IN (
-			SELECT seq FROM stripe_webhook_events
-			WHERE received_at < now() - make_interval(secs => $1) AND processed_at IS NOT NULL
-			LIMIT $2)`, w.retention.Seconds(), retentionBatch)
-		if err != nil {
-			return total, fmt.Errorf("delete expired webhook events: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < retentionBatch {
-			return total, nil
-		}
-	}
 }

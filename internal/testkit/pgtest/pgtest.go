@@ -39,6 +39,7 @@ import (
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/testkit/pgcontainer"
 	"github.com/overage-billing/overage/migrations"
+	"github.com/overage-billing/overage/webhooks"
 )
 
 const howToProvide = "set DATABASE_URL (for example DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) or start a Docker engine so testcontainers-go can run PostgreSQL"
@@ -246,7 +247,10 @@ func ensurePartitions(ctx context.Context, dbURL string) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	_, err = idempotency.EnsurePartitions(ctx, conn)
+	if _, err = idempotency.EnsurePartitions(ctx, conn); err != nil {
+		return err
+	}
+	_, err = webhooks.EnsurePartitions(ctx, conn)
 	return err
 }
 
