@@ -3,8 +3,9 @@
 // its processing job in the same transaction, and applies the events one
 // at a time in arrival order (Processor, queue "webhooks", one worker).
 //
-// Seen is not done: the unique index makes a redelivery a no-op for
-// storage, but only the row's processed_at says an event was applied. A
+// Seen is not done: the store (the event's lock, then its lookup in every
+// month's partition) makes a redelivery a no-op for storage, but only the
+// row's processed_at says an event was applied. A
 // redelivery of an event that is stored and not yet processed queues its
 // job again (River skips it while one is live), so an event whose job was
 // lost, discarded or cleaned up is still applied.
