@@ -28,7 +28,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	"github.com/overage-billing/overage/idempotency"
-	"github.com/overage-billing/overage/webhooks"
+	"github.com/overage-billing/overage/webhooks/partitions"
 )
 
 //go:embed *.sql
@@ -192,7 +192,7 @@ func MigrateUpTo(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger, v
 	}
 	// And the webhook events' months ahead, so deliveries are stored past
 	// the first partition's bound.
-	if res.WebhookPartitions, err = webhooks.EnsurePartitions(ctx, pool); err != nil {
+	if res.WebhookPartitions, err = partitions.Ensure(ctx, pool); err != nil {
 		return nil, err
 	}
 	return res, nil

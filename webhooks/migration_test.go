@@ -18,6 +18,7 @@ import (
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/webhooks"
+	"github.com/overage-billing/overage/webhooks/partitions"
 )
 
 // Migrations 0044-0046 move the webhook events to a partitioned table on a
@@ -129,7 +130,7 @@ func TestPartitioningMigrationUnderDeliveries(t *testing.T) {
 	if moved != 3 || len(res.WebhookPartitions) == 0 {
 		t.Fatalf("migrate applied %d of 0044-0046 and created partitions %v; want the three and the months after the bound", moved, res.WebhookPartitions)
 	}
-	ps, err := webhooks.Partitions(ctx, pool)
+	ps, err := partitions.Partitions(ctx, pool)
 	if err != nil || len(ps) < 2 || ps[0].Name != "stripe_webhook_events_legacy" || ps[0].Lower != nil {
 		t.Fatalf("partitions %+v (%v): want the table before the migration first", ps, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/webhooks"
+	"github.com/overage-billing/overage/webhooks/partitions"
 )
 
 // dbNow is the database's clock, which received_at and every bound follow.
@@ -28,10 +29,10 @@ func (h *harness) dbNow(t *testing.T) time.Time {
 // and makes them again with a bound at each of uppers, oldest first, the
 // first from MINVALUE, then the months ahead as `overage work` keeps them.
 // It returns the partitions.
-func (h *harness) repartition(t *testing.T, uppers ...time.Time) []webhooks.Partition {
+func (h *harness) repartition(t *testing.T, uppers ...time.Time) []partitions.Partition {
 	t.Helper()
 	ctx := context.Background()
-	ps, err := webhooks.Partitions(ctx, h.pool)
+	ps, err := partitions.Partitions(ctx, h.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +43,7 @@ func (h *harness) repartition(t *testing.T, uppers ...time.Time) []webhooks.Part
 	}
 	for _, u := range uppers {
 		for {
-			name, err := webhooks.AddPartition(ctx, h.pool, u)
+			name, err := partitions.Add(ctx, h.pool, u)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -51,10 +52,10 @@ func (h *harness) repartition(t *testing.T, uppers ...time.Time) []webhooks.Part
 			}
 		}
 	}
-	if _, err := webhooks.EnsurePartitions(ctx, h.pool); err != nil {
+	if _, err := partitions.Ensure(ctx, h.pool); err != nil {
 		t.Fatal(err)
 	}
-	ps, err = webhooks.Partitions(ctx, h.pool)
+	ps, err = partitions.Partitions(ctx, h.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +277,7 @@ func TestRetentionDropsOnlyOldFullyProcessedPartitions(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldP, stuckP, recentP := h.partitionOf(t, "evt_old"), h.partitionOf(t, "evt_stuck"), h.partitionOf(t, "evt_recent")
-	ps, err := webhooks.Partitions(ctx, h.pool)
+	ps, err := partitions.Partitions(ctx, h.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +291,7 @@ func TestRetentionDropsOnlyOldFullyProcessedPartitions(t *testing.T) {
 		t.Fatalf("partitions past retention %v; the test wants %s and %s among them and not %s", past, oldP, stuckP, recentP)
 	}
 
-	res, err := webhooks.DropExpired(ctx, h.pool, webhooks.Retention)
+	res, err := partitions.DropExpired(ctx, h.pool, webhooks.Retention)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +316,7 @@ func TestRetentionDropsOnlyOldFullyProcessedPartitions(t *testing.T) {
 	if _, err := h.pool.Exec(ctx, `UPDATE stripe_webhook_events SET processed_at = now() WHERE event_id = 'evt_stuck'`); err != nil {
 		t.Fatal(err)
 	}
-	res, err = webhooks.DropExpired(ctx, h.pool, webhooks.Retention)
+	res, err = partitions.DropExpired(ctx, h.pool, webhooks.Retention)
 	if err != nil || !slices.Equal(res.Dropped, []string{stuckP}) || len(res.Kept) != 0 {
 		t.Fatalf("after processing: %+v %v, want %s dropped", res, err, stuckP)
 	}
@@ -330,10 +331,10 @@ func TestMigrateLeavesMonthsAheadWithoutGaps(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	ctx := context.Background()
-	if err := webhooks.Maintain(ctx, h.pool, webhooks.Retention, nil); err != nil {
+	if err := partitions.Maintain(ctx, h.pool, webhooks.Retention, nil); err != nil {
 		t.Fatal(err)
 	}
-	ps, err := webhooks.Partitions(ctx, h.pool)
+	ps, err := partitions.Partitions(ctx, h.pool)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +350,7 @@ func TestMigrateLeavesMonthsAheadWithoutGaps(t *testing.T) {
 		}
 	}
 	now := h.dbNow(t)
-	horizon := time.Date(now.Year(), now.Month()+webhooks.Ahead+1, 1, 0, 0, 0, 0, time.UTC)
+	horizon := time.Date(now.Year(), now.Month()+partitions.Ahead+1, 1, 0, 0, 0, 0, time.UTC)
 	if last := ps[len(ps)-1].Upper; !last.Equal(horizon) {
 		t.Fatalf("partitions end at %s, want %s", last, horizon)
 	}

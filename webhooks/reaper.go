@@ -11,6 +11,7 @@ import (
 	"github.com/riverqueue/river"
 
 	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/webhooks/partitions"
 )
 
 // Retention is how long webhook events are kept. Stripe redelivers an
@@ -18,7 +19,7 @@ import (
 // a redelivery be applied twice.
 const Retention = 365 * 24 * time.Hour
 
-// Reaper keeps the webhook events' partitions (Maintain): it drops the
+// Reaper keeps the webhook events' partitions (partitions.Maintain): it drops the
 // months whose whole range is older than Retention and whose every event
 // is processed, whole, by the database clock, and creates the months
 // ahead. It also requeues processing of events left without a job
@@ -42,7 +43,7 @@ func NewReaper(pool *pgxpool.Pool, logger *slog.Logger) *Reaper {
 
 // Work implements river.Worker.
 func (w *Reaper) Work(ctx context.Context, _ *river.Job[outbox.ExpireWebhookEventsArgs]) error {
-	if err := Maintain(ctx, w.pool, w.retention, w.logger); err != nil {
+	if err := partitions.Maintain(ctx, w.pool, w.retention, w.logger); err != nil {
 		return fmt.Errorf("webhook event partitions: %w", err)
 	}
 	rc, err := river.ClientFromContextSafely[pgx.Tx](ctx)

@@ -39,7 +39,7 @@ import (
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/testkit/pgcontainer"
 	"github.com/overage-billing/overage/migrations"
-	"github.com/overage-billing/overage/webhooks"
+	"github.com/overage-billing/overage/webhooks/partitions"
 )
 
 const howToProvide = "set DATABASE_URL (for example DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable) or start a Docker engine so testcontainers-go can run PostgreSQL"
@@ -250,7 +250,7 @@ func ensurePartitions(ctx context.Context, dbURL string) error {
 	if _, err = idempotency.EnsurePartitions(ctx, conn); err != nil {
 		return err
 	}
-	_, err = webhooks.EnsurePartitions(ctx, conn)
+	_, err = partitions.Ensure(ctx, conn)
 	return err
 }
 

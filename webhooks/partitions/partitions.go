@@ -1,4 +1,12 @@
-package webhooks
+// Package partitions owns the lifecycle of stripe_webhook_events'
+// partitions (the table's statements are package webhooks'): one a UTC
+// month of receipt, created months ahead by `overage migrate` and
+// `overage work`, and dropped whole once the month is 365 days past and
+// every event in it is processed. No event is ever deleted row by row.
+//
+// It imports nothing of the product but its vocabulary, so that the
+// migrator and the test kit can keep the partitions.
+package partitions
 
 import (
 	"context"
@@ -83,13 +91,13 @@ func partitioned(ctx context.Context, db overage.DB) (bool, error) {
 	return kind != nil && *kind == "p", nil
 }
 
-// EnsurePartitions creates the month partitions (UTC, by the database's
+// Ensure creates the month partitions (UTC, by the database's
 // clock) from the end of the last one to Ahead months beyond the current
 // month, and returns the names of those it created. Each is made empty and
 // apart, with its unique index on (event_id, account), then attached:
 // ATTACH takes only a SHARE UPDATE EXCLUSIVE lock on stripe_webhook_events,
 // so deliveries are stored meanwhile.
-func EnsurePartitions(ctx context.Context, db DB) ([]string, error) {
+func Ensure(ctx context.Context, db DB) ([]string, error) {
 	var created []string
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var horizon time.Time
@@ -116,6 +124,24 @@ func EnsurePartitions(ctx context.Context, db DB) ([]string, error) {
 	return created, nil
 }
 
+// Add creates the one partition that follows the last, up to the next UTC
+// month's start or until, whichever comes first, and returns its name (""
+// when the partitions already reach until; from MINVALUE when there is
+// none). Ensure calls it month by month; a test calls it to put a bound
+// where it wants one, a second ahead say.
+func Add(ctx context.Context, db DB, until time.Time) (string, error) {
+	var name string
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := lockPartitions(ctx, tx); err != nil {
+			return err
+		}
+		var err error
+		name, err = addPartition(ctx, tx, until)
+		return err
+	})
+	return name, err
+}
+
 func lockPartitions(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, partitionLock); err != nil {
 		return fmt.Errorf("lock webhook event partitions: %w", err)
@@ -128,11 +154,7 @@ func lockPartitions(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// addPartition creates the partition that follows the last one, up to the
-// next UTC month's start or until, whichever comes first, and returns its
-// name; "" when the partitions already reach until. With no partition at
-// all it starts at MINVALUE. Bounds need not fall on months: a test puts
-// one a second ahead to deliver an event on both sides of it.
+// addPartition is Add in tx, which holds the partitions' lock.
 func addPartition(ctx context.Context, tx pgx.Tx, until time.Time) (string, error) {
 	ps, err := Partitions(ctx, tx)
 	if err != nil {
@@ -158,7 +180,7 @@ func addPartition(ctx context.Context, tx pgx.Tx, until time.Time) (string, erro
 	for _, q := range []string{
 		fmt.Sprintf(`CREATE TABLE %s (LIKE stripe_webhook_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`, name),
 		// The referee of duplicates inside the month; across months the
-		// store's event lock (Store) is.
+		// store's event lock (webhooks.Handler.Store) is.
 		fmt.Sprintf(`CREATE UNIQUE INDEX %s_event_account ON %s (event_id, account)`, name, name),
 		fmt.Sprintf(`ALTER TABLE stripe_webhook_events ATTACH PARTITION %s FOR VALUES FROM (%s) TO ('%s')`,
 			name, from, upper.Format(time.RFC3339Nano)),
@@ -303,7 +325,7 @@ func unprocessed(ctx context.Context, db overage.DB, partition string) (int64, e
 }
 
 // Maintain drops the expired partitions and creates the missing ones: what
-// `overage work` runs every hour (the webhook reaper). Before 0046 has
+// `overage work` runs every hour (webhooks.Reaper). Before 0046 has
 // partitioned the table it does nothing.
 func Maintain(ctx context.Context, pool *pgxpool.Pool, retention time.Duration, logger *slog.Logger) error {
 	if logger == nil {
@@ -324,7 +346,7 @@ func Maintain(ctx context.Context, pool *pgxpool.Pool, retention time.Duration, 
 	if err != nil {
 		return err
 	}
-	created, err := EnsurePartitions(ctx, pool)
+	created, err := Ensure(ctx, pool)
 	for _, name := range created {
 		logger.InfoContext(ctx, "webhook event partition created", "partition", name)
 	}
