@@ -300,11 +300,13 @@ func DropExpired(ctx context.Context, pool *pgxpool.Pool, retention time.Duratio
 		return res, fmt.Errorf("list detached webhook event partitions: %w", err)
 	}
 	for _, name := range leftovers {
-		if n, err := unprocessed(ctx, conn, name); err != nil || n > 0 {
-			if err == nil {
-				res.Kept = append(res.Kept, Kept{Name: name, Unprocessed: n})
-			}
+		n, err := unprocessed(ctx, conn, name)
+		if err != nil {
 			return res, err
+		}
+		if n > 0 {
+			res.Kept = append(res.Kept, Kept{Name: name, Unprocessed: n})
+			continue
 		}
 		if _, err := conn.Exec(ctx, fmt.Sprintf(`DROP TABLE %s`, name)); err != nil {
 			return res, fmt.Errorf("drop detached webhook event partition %s: %w", name, err)
