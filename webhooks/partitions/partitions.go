@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/pgpartition"
 )
 
 // DB is a pool or a connection: partitions are kept from both.
@@ -32,52 +33,21 @@ type DB interface {
 // work` run.
 const Ahead = 2
 
-// Partition is one partition of stripe_webhook_events.
-type Partition struct {
-	Name string
-	// Events in it were received at or after Lower (nil: the first
-	// partition, which spans everything before Upper) and before Upper.
-	Lower *time.Time
-	Upper time.Time
-	// Pending: a DETACH CONCURRENTLY was interrupted; DropExpired finishes
-	// it.
-	Pending bool
-}
+// Partition is one partition of stripe_webhook_events: its events were
+// received at or after Lower (nil: the first partition, which spans
+// everything before Upper) and before Upper.
+type Partition = pgpartition.Partition
+
+// table is the partitioned table.
+const table = "stripe_webhook_events"
 
 // partitionLock serialises partition changes of concurrent workers and
 // migrators ("ovg-hook" read as a big-endian integer).
 const partitionLock int64 = 0x6f76672d686f6f6b
 
-// boundsSQL lists the partitions with their bounds (NULL for MINVALUE),
-// oldest first.
-const boundsSQL = `SELECT c.relname,
-		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz,
-		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz,
-		i.inhdetachpending
-	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-	WHERE i.inhparent = 'stripe_webhook_events'::regclass
-	ORDER BY 3`
-
 // Partitions lists the partitions, oldest first.
 func Partitions(ctx context.Context, db overage.DB) ([]Partition, error) {
-	rows, err := db.Query(ctx, boundsSQL)
-	if err != nil {
-		return nil, fmt.Errorf("list webhook event partitions: %w", err)
-	}
-	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Partition, error) {
-		var p Partition
-		err := r.Scan(&p.Name, &p.Lower, &p.Upper, &p.Pending)
-		if p.Lower != nil {
-			l := p.Lower.UTC()
-			p.Lower = &l
-		}
-		p.Upper = p.Upper.UTC()
-		return p, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list webhook event partitions: %w", err)
-	}
-	return ps, nil
+	return pgpartition.List(ctx, db, table)
 }
 
 // partitioned reports whether stripe_webhook_events is partitioned yet: a
@@ -273,12 +243,8 @@ func DropExpired(ctx context.Context, pool *pgxpool.Pool, retention time.Duratio
 			res.Kept = append(res.Kept, Kept{Name: p.Name, Unprocessed: n})
 			continue
 		}
-		detach := fmt.Sprintf(`ALTER TABLE stripe_webhook_events DETACH PARTITION %s CONCURRENTLY`, p.Name)
-		if p.Pending {
-			detach = fmt.Sprintf(`ALTER TABLE stripe_webhook_events DETACH PARTITION %s FINALIZE`, p.Name)
-		}
-		if _, err := conn.Exec(ctx, detach); err != nil {
-			return res, fmt.Errorf("detach expired webhook event partition %s: %w", p.Name, err)
+		if err := pgpartition.Detach(ctx, conn, table, p); err != nil {
+			return res, fmt.Errorf("expired webhook events: %w", err)
 		}
 		if _, err := conn.Exec(ctx, fmt.Sprintf(`DROP TABLE %s`, p.Name)); err != nil {
 			return res, fmt.Errorf("drop expired webhook event partition %s: %w", p.Name, err)
@@ -287,17 +253,9 @@ func DropExpired(ctx context.Context, pool *pgxpool.Pool, retention time.Duratio
 	}
 	// A partition detached but not dropped (a crash in between): nothing
 	// reads it any more, and it was detached only when fully processed.
-	rows, err := conn.Query(ctx, `SELECT c.relname FROM pg_class c
-		WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
-		  AND c.relname ~ '^stripe_webhook_events_(legacy|before_[0-9_]+|[0-9_]+)$'
-		  AND NOT EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = c.oid)
-		ORDER BY 1`)
+	leftovers, err := pgpartition.Detached(ctx, conn, `^stripe_webhook_events_(legacy|before_[0-9_]+|[0-9_]+)$`)
 	if err != nil {
-		return res, fmt.Errorf("list detached webhook event partitions: %w", err)
-	}
-	leftovers, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return res, fmt.Errorf("list detached webhook event partitions: %w", err)
+		return res, err
 	}
 	for _, name := range leftovers {
 		n, err := unprocessed(ctx, conn, name)

@@ -1,0 +1,93 @@
+// Package pgpartition reads and detaches the range partitions by time of
+// a partitioned table, for the packages that keep one (webhooks/partitions
+// today): what is generic about a partition's lifecycle, apart from what
+// each table's owner decides (its bounds, its indexes, when it may go).
+package pgpartition
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/overage-billing/overage"
+)
+
+// Partition is one partition of a table partitioned by a timestamptz.
+type Partition struct {
+	Name string
+	// Its rows' keys are at or after Lower (nil: MINVALUE, a first
+	// partition that spans everything before Upper) and before Upper.
+	Lower *time.Time
+	Upper time.Time
+	// Pending: a DETACH CONCURRENTLY was interrupted; Detach finishes it.
+	Pending bool
+}
+
+// boundsSQL lists a table's partitions with their bounds (NULL for
+// MINVALUE), oldest first.
+const boundsSQL = `SELECT c.relname,
+		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz,
+		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz,
+		i.inhdetachpending
+	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	WHERE i.inhparent = $1::regclass
+	ORDER BY 3`
+
+// List returns the partitions of parent, oldest first, bounds in UTC.
+func List(ctx context.Context, db overage.DB, parent string) ([]Partition, error) {
+	rows, err := db.Query(ctx, boundsSQL, parent)
+	if err != nil {
+		return nil, fmt.Errorf("list the partitions of %s: %w", parent, err)
+	}
+	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Partition, error) {
+		var p Partition
+		err := r.Scan(&p.Name, &p.Lower, &p.Upper, &p.Pending)
+		if p.Lower != nil {
+			l := p.Lower.UTC()
+			p.Lower = &l
+		}
+		p.Upper = p.Upper.UTC()
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the partitions of %s: %w", parent, err)
+	}
+	return ps, nil
+}
+
+// Detach detaches p from parent CONCURRENTLY, or FINALIZEs it when an
+// earlier detach was cut short. It waits for every transaction that may
+// still read the partition and takes no lock that stops the table's
+// writers; it cannot run in a transaction block, so db is a pool or a
+// connection.
+func Detach(ctx context.Context, db overage.DB, parent string, p Partition) error {
+	q := fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s CONCURRENTLY`, parent, p.Name)
+	if p.Pending {
+		q = fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s FINALIZE`, parent, p.Name)
+	}
+	if _, err := db.Exec(ctx, q); err != nil {
+		return fmt.Errorf("detach partition %s of %s: %w", p.Name, parent, err)
+	}
+	return nil
+}
+
+// Detached lists the plain tables of the current schema whose names match
+// pattern (a POSIX regular expression) and that are no partition of
+// anything: partitions detached and left undropped by a crash in between.
+func Detached(ctx context.Context, db overage.DB, pattern string) ([]string, error) {
+	rows, err := db.Query(ctx, `SELECT c.relname FROM pg_class c
+		WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
+		  AND c.relname ~ $1
+		  AND NOT EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = c.oid)
+		ORDER BY 1`, pattern)
+	if err != nil {
+		return nil, fmt.Errorf("list detached partitions: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list detached partitions: %w", err)
+	}
+	return names, nil
+}
