@@ -4,20 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-
-	"github.com/overage-billing/overage/api"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/migrations"
-	"github.com/overage-billing/overage/webhooks"
 	"github.com/overage-billing/overage/webhooks/partitions"
 )
 
@@ -44,8 +38,7 @@ func TestPartitioningMigrationUnderDeliveries(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		body := eventJSON(fmt.Sprintf("evt_old_owed_%d", i), "", "billing.meter.error_report_triggered", time.Now(),
-			map[string]any{"id": fmt.Sprintf("mtr_old_%d", i), "object": "billing.meter"})
+		body := meterErrorEvent(fmt.Sprintf("evt_old_owed_%d", i))
 		if _, err := pool.Exec(ctx, `INSERT INTO stripe_webhook_events (event_id, account, type, payload)
 			VALUES ($1, 'platform', 'billing.meter.error_report_triggered', $2)`, fmt.Sprintf("evt_old_owed_%d", i), string(body)); err != nil {
 			t.Fatal(err)
@@ -55,14 +48,7 @@ func TestPartitioningMigrationUnderDeliveries(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT max(seq) FROM stripe_webhook_events`).Scan(&maxSeeded); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	handler := webhooks.NewHandler(webhooks.HandlerConfig{Pool: pool, River: rc, Secret: secret})
-	srv := httptest.NewServer(api.NewRouter(api.Config{DB: pool, Handlers: []api.Mounter{handler}}))
-	t.Cleanup(srv.Close)
-	h := &harness{pool: pool, rc: rc, handler: handler, url: srv.URL + "/v1/webhooks/stripe"}
+	h := newHarness(t, pool)
 
 	// Each sender delivers its events twice and, every tenth, redelivers
 	// an event stored before the migration.
@@ -80,8 +66,7 @@ func TestPartitioningMigrationUnderDeliveries(t *testing.T) {
 			defer wg.Done()
 			for i := 0; !stop.Load(); i++ {
 				id := fmt.Sprintf("evt_live_%d_%d", s, i)
-				body := eventJSON(id, "", "billing.meter.error_report_triggered", time.Now(),
-					map[string]any{"id": "mtr_" + id, "object": "billing.meter"})
+				body := meterErrorEvent(id)
 				deliveries := [][]byte{body, body}
 				if i%10 == 0 {
 					deliveries = append(deliveries, eventJSON(fmt.Sprintf("evt_old_%d", 1+i%seeded), "", "invoice.paid", time.Now(), map[string]any{"id": "in_old"}))

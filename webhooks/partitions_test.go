@@ -73,6 +73,27 @@ func (h *harness) partitionOf(t *testing.T, id string) string {
 	return name
 }
 
+// meterErrorEvent is an event whose one effect is a meter error report of
+// meter "mtr_"+id: counting the reports counts its applications.
+func meterErrorEvent(id string) []byte {
+	return eventJSON(id, "", "billing.meter.error_report_triggered", time.Now(),
+		map[string]any{"id": "mtr_" + id, "object": "billing.meter"})
+}
+
+// requireStoredAndAppliedOnce requires one row of the meter error event
+// id, then processes every stored event and requires its one report.
+func (h *harness) requireStoredAndAppliedOnce(t *testing.T, id string) {
+	t.Helper()
+	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = $1`, id); n != 1 {
+		t.Fatalf("%s is stored %d times, want once", id, n)
+	}
+	h.startProcessor(t)
+	h.waitAllProcessed(t, h.count(t, `SELECT count(*) FROM stripe_webhook_events`))
+	if n := h.count(t, `SELECT count(*) FROM meter_error_reports WHERE meter_id = $1`, "mtr_"+id); n != 1 {
+		t.Fatalf("%s made %d meter error reports, want 1", id, n)
+	}
+}
+
 // waitPastBound waits until the database's clock has passed bound, so a
 // delivery from now on is stored in the partition after it.
 func (h *harness) waitPastBound(t *testing.T, bound time.Time) {
@@ -94,8 +115,7 @@ func TestConcurrentDuplicatesAcrossAPartitionBoundAreStoredAndProcessedOnce(t *t
 	ctx := context.Background()
 	bound := h.dbNow(t).Add(time.Second)
 	h.repartition(t, bound)
-	body := eventJSON("evt_race", "", "billing.meter.error_report_triggered", time.Now(),
-		map[string]any{"id": "mtr_race", "object": "billing.meter"})
+	body := meterErrorEvent("evt_race")
 	ev := webhooks.StoredEvent{ID: "evt_race", Account: webhooks.PlatformAccount, Type: "billing.meter.error_report_triggered", Payload: body}
 
 	var mu sync.Mutex
@@ -141,16 +161,9 @@ func TestConcurrentDuplicatesAcrossAPartitionBoundAreStoredAndProcessedOnce(t *t
 			t.Fatal(err)
 		}
 	}
-	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_race'`); n != 1 {
-		t.Fatalf("the event is stored %d times across the bound, want once", n)
-	}
+	h.requireStoredAndAppliedOnce(t, "evt_race")
 	if reached != 1 {
 		t.Fatalf("%d deliveries looked the event up before it was stored, want 1", reached)
-	}
-	h.startProcessor(t)
-	h.waitAllProcessed(t, 1)
-	if n := h.count(t, `SELECT count(*) FROM meter_error_reports WHERE meter_id = 'mtr_race'`); n != 1 {
-		t.Fatalf("%d meter error reports, want 1", n)
 	}
 }
 
@@ -161,8 +174,7 @@ func TestABurstOfDuplicatesAcrossAPartitionBoundIsStoredOnce(t *testing.T) {
 	h := setup(t)
 	bound := h.dbNow(t).Add(500 * time.Millisecond)
 	h.repartition(t, bound)
-	body := eventJSON("evt_burst", "", "billing.meter.error_report_triggered", time.Now(),
-		map[string]any{"id": "mtr_burst", "object": "billing.meter"})
+	body := meterErrorEvent("evt_burst")
 	var wg sync.WaitGroup
 	errs := make(chan string, 64)
 	for range 8 {
@@ -183,17 +195,10 @@ func TestABurstOfDuplicatesAcrossAPartitionBoundIsStoredOnce(t *testing.T) {
 	for e := range errs {
 		t.Fatalf("a delivery answered %s, want 200", e)
 	}
-	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events WHERE event_id = 'evt_burst'`); n != 1 {
-		t.Fatalf("the event is stored %d times, want once", n)
-	}
 	if !h.dbNow(t).After(bound) {
 		t.Fatal("the burst ended before the bound: it tested one partition only")
 	}
-	h.startProcessor(t)
-	h.waitAllProcessed(t, 1)
-	if n := h.count(t, `SELECT count(*) FROM meter_error_reports WHERE meter_id = 'mtr_burst'`); n != 1 {
-		t.Fatalf("%d meter error reports, want 1", n)
-	}
+	h.requireStoredAndAppliedOnce(t, "evt_burst")
 }
 
 // A redelivery after the month changed finds the event in the older
@@ -205,10 +210,7 @@ func TestADuplicateOfAnEventInAnOlderPartitionIsNotProcessedAgain(t *testing.T) 
 	ctx := context.Background()
 	bound := h.dbNow(t).Add(time.Second)
 	h.repartition(t, bound)
-	done := eventJSON("evt_done", "", "billing.meter.error_report_triggered", time.Now(),
-		map[string]any{"id": "mtr_done", "object": "billing.meter"})
-	owed := eventJSON("evt_owed", "", "billing.meter.error_report_triggered", time.Now(),
-		map[string]any{"id": "mtr_owed", "object": "billing.meter"})
+	done, owed := meterErrorEvent("evt_done"), meterErrorEvent("evt_owed")
 	h.deliver(t, done)
 	h.deliver(t, owed)
 	// evt_owed's job is lost: only a redelivery can have it applied.
@@ -253,7 +255,7 @@ func TestADuplicateOfAnEventInAnOlderPartitionIsNotProcessedAgain(t *testing.T) 
 	if n := h.count(t, `SELECT count(*) FROM stripe_webhook_events`); n != 2 {
 		t.Fatalf("%d events stored, want 2", n)
 	}
-	if n := h.count(t, `SELECT count(*) FROM meter_error_reports WHERE meter_id IN ('mtr_done', 'mtr_owed')`); n != 2 {
+	if n := h.count(t, `SELECT count(*) FROM meter_error_reports WHERE meter_id IN ('mtr_evt_done', 'mtr_evt_owed')`); n != 2 {
 		t.Fatalf("%d meter error reports, want one of each event", n)
 	}
 }

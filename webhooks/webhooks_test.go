@@ -48,6 +48,12 @@ type harness struct {
 func setup(t *testing.T) *harness {
 	t.Helper()
 	pool, _ := pgtest.NewPool(t)
+	return newHarness(t, pool)
+}
+
+// newHarness serves the webhook endpoint on pool's database.
+func newHarness(t *testing.T, pool *pgxpool.Pool) *harness {
+	t.Helper()
 	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
 	if err != nil {
 		t.Fatal(err)
