@@ -153,7 +153,8 @@ func TestConcurrentDuplicatesAcrossAPartitionBoundAreStoredAndProcessedOnce(t *t
 		mu.Lock()
 		raced := reached == 2
 		mu.Unlock()
-		return raced || h.count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) > 0
+		return raced || h.count(t, `SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()`) > 0
 	})
 	close(release)
 	for range 2 {
