@@ -5,10 +5,10 @@
 //
 // Seen is not done: the store (the event's lock, then its lookup in every
 // month's partition) makes a redelivery a no-op for storage, but only the
-// row's processed_at says an event was applied. A
-// redelivery of an event that is stored and not yet processed queues its
-// job again (River skips it while one is live), so an event whose job was
-// lost, discarded or cleaned up is still applied.
+// row's processed_at says an event was applied. A redelivery of an event
+// that is stored and not yet processed queues its job again (River skips
+// it while one is live), so an event whose job was lost, discarded or
+// cleaned up is still applied.
 //
 // API versions: events are verified with IgnoreAPIVersionMismatch. Stripe
 // renders an event with the webhook endpoint's API version, which need not

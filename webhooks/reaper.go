@@ -19,10 +19,10 @@ import (
 // a redelivery be applied twice.
 const Retention = 365 * 24 * time.Hour
 
-// Reaper keeps the webhook events' partitions (partitions.Maintain): it drops the
-// months whose whole range is older than Retention and whose every event
-// is processed, whole, by the database clock, and creates the months
-// ahead. It also requeues processing of events left without a job
+// Reaper keeps the webhook events' partitions (partitions.Maintain): it
+// drops, whole, the months whose whole range is older than Retention by
+// the database clock and whose every event is processed, and creates the
+// months ahead. It also requeues processing of events left without a job
 // (Requeue). An unprocessed event is never dropped: it is still owed its
 // effect, so its month is kept (and logged, since a year-old backlog
 // means the processor is stuck). Nothing is deleted row by row.
