@@ -4,8 +4,10 @@
 // `overage work`, and dropped whole once the month is 365 days past and
 // every event in it is processed. No event is ever deleted row by row.
 //
-// It imports nothing of the product but its vocabulary, so that the
-// migrator and the test kit can keep the partitions.
+// It imports nothing of the product but the root package and
+// internal/pgpartition, so that the migrator and the test kit can keep the
+// partitions without an import cycle (package webhooks imports tenants
+// and, through it, usagelog, whose own tests use the test kit).
 package partitions
 
 import (
