@@ -24,7 +24,8 @@
 -- version stores it. Deploy this version's serve before migrating.
 --
 -- The partitions from the bound on are created by `overage migrate` right
--- after this file and by `overage work` every hour, two months ahead.
+-- after this file and by `overage work` (the webhook reaper, every 10
+-- minutes), two months ahead.
 SET LOCAL lock_timeout = '10s';
 LOCK TABLE stripe_webhook_events IN ACCESS EXCLUSIVE MODE;
 

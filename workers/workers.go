@@ -52,8 +52,9 @@ type Config struct {
 	JobTimeout time.Duration
 	// FetchCooldown is River's minimum time between fetches of jobs.
 	FetchCooldown time.Duration
-	// ReapInterval is how often the idempotency records' partitions are
-	// kept (expired ones dropped, the week ahead created).
+	// ReapInterval is how often the idempotency records' and the webhook
+	// events' partitions are kept (expired ones dropped, those ahead
+	// created).
 	ReapInterval time.Duration
 	// StopTimeout bounds how long in-flight jobs may run after a stop
 	// signal before they are cancelled and handed back to the queue.

@@ -287,7 +287,7 @@ func unprocessed(ctx context.Context, db overage.DB, partition string) (int64, e
 }
 
 // Maintain drops the expired partitions and creates the missing ones: what
-// `overage work` runs every hour (webhooks.Reaper). Before 0046 has
+// `overage work` runs every 10 minutes (webhooks.Reaper). Before 0046 has
 // partitioned the table it does nothing.
 func Maintain(ctx context.Context, pool *pgxpool.Pool, retention time.Duration, logger *slog.Logger) error {
 	if logger == nil {
