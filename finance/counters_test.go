@@ -479,7 +479,7 @@ func TestMultiRowStatementsKeepCountersExact(t *testing.T) {
 	// One multi-row INSERT of logs of three tenants in two statuses; the
 	// insert copies existing logs under new ids and request ids.
 	const copyLogs = `INSERT INTO usage_logs
-		SELECT (jsonb_populate_record(u, jsonb_build_object('id', gen_random_uuid(), 'request_id', gen_random_uuid()::text))).*
+		SELECT (jsonb_populate_record(u, jsonb_build_object('id', uuidv7(), 'request_id', uuidv7()::text))).*
 		FROM usage_logs u`
 	if n := exec(t, e.Pool, copyLogs); n != 6 {
 		t.Fatalf("copied %d logs, want 6", n)
