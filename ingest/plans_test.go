@@ -181,7 +181,7 @@ func TestReadsOfUsageEventsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 			ctx := context.Background()
 			pool, _ := pgtest.NewPool(t)
 			tenant := uuid.New()
-			known := uuid.New()
+			known := uuid.Must(uuid.NewV7()) // a usage log id: UUIDv7, in a partition
 			id := fmt.Sprintf("('%s')", known)
 			probes := []pgtest.Probe{
 				{Name: "log by id", SQL: getLogSQL, Args: id, Settings: readSettingsSQL},
