@@ -258,4 +258,3 @@ func applyWithNotices(t *testing.T, pool *pgxpool.Pool, version int) []string {
 	defer mu.Unlock()
 	return notices
 }
-
