@@ -67,7 +67,7 @@ func run(dbURL, oldBin, bin, addr string, logs, clients int, around time.Duratio
 	seedStart := time.Now()
 	// Last month's billed logs of the 100 benchmark tenants, with UUIDv7
 	// ids of when they were recorded, a million a statement, and a report
-	// of every 32nd.
+	// of one in 25.
 	for done := 0; done < logs; done += 1_000_000 {
 		n := min(1_000_000, logs-done)
 		if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
