@@ -3,12 +3,14 @@ package usagelog
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/overage-billing/overage"
 )
@@ -276,6 +278,10 @@ func TruncateClaims(ctx context.Context, db PartitionDB) (bool, error) {
 		done = true
 		return nil
 	})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: the next run tries again
+		return false, nil
+	}
 	return done, err
 }
 
