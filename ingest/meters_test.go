@@ -484,3 +484,42 @@ func TestMeterTotalsOfASubscriptionPeriodSpareTheOrder(t *testing.T) {
 		t.Fatalf("the subscription period's total %d, want 1800", c)
 	}
 }
+
+// A batch whose events fall in two calendar months reads the meters'
+// totals of both (the months computed in serve): the month whose total
+// has reached the meter's allowance is charged without ordering (its
+// total row in the transaction's slot), the one with allowance left is
+// ordered (slot 0) and split there.
+func TestMeterTotalsOfEveryMonthOfABatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.createMeters(t, meters.CreateParams{Key: "m_input", EventName: "m_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}})
+	if _, err := b.pool.Exec(ctx, `UPDATE tenants SET included_meters = '{"m_input": 1000}' WHERE id = $1`, b.capped.ID); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	last := month.AddDate(0, -1, 0)
+	at := func(rid string, ts time.Time, in int) string {
+		return fmt.Sprintf(`{"request_id":%q,"timestamp":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":%d,"output_tokens":0}`,
+			rid, ts.Format(time.RFC3339Nano), in)
+	}
+	requireStatus(t, b.postBatch(t, b.capped.APIKey, "k1", batch(at("a", month.Add(-time.Hour), 1500))), http.StatusAccepted)
+	r := b.postBatch(t, b.capped.APIKey, "k2", batch(at("b", now, 600), at("c", month.Add(-time.Hour), 200), at("d", now, 600)))
+	requireStatus(t, r, http.StatusAccepted)
+	want := []int64{0, 200, 200} // this month: 1,000 included; last month's used up
+	for i, e := range batchEvents(t, r) {
+		for _, ln := range e["meters"].([]any) {
+			if l := ln.(map[string]any); l["meter"] == "m_input" && int64(l["overage"].(float64)) != want[i] {
+				t.Fatalf("event %d: %v, want overage %d", i, l, want[i])
+			}
+		}
+	}
+	if c := b.count(t, `SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND slot > 0`, b.capped.ID, last); c == 0 {
+		t.Fatal("last month, past the meter's allowance, was ordered: its total was not read")
+	}
+	if c := b.count(t, `SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND slot > 0`, b.capped.ID, month); c != 0 {
+		t.Fatal("this month, with allowance left, was not ordered")
+	}
+}

@@ -93,7 +93,8 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 	}
 	b.Queue(periodsSQL, pgUUID(g.tenantID), ts, grace.Seconds())
 	if cat.Extra() {
-		b.Queue(extraTotalsSQL, pgUUID(g.tenantID), ts)
+		months, lo, hi := eventMonths(g.events)
+		b.Queue(extraTotalsSQL, pgUUID(g.tenantID), months, lo, hi)
 		st.extraRead = true
 	}
 	br := tx.SendBatch(ctx, b)

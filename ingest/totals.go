@@ -46,25 +46,50 @@ var periodsSQL = `
 	ORDER BY p.ord`
 
 // extraTotalsSQL reads the totals of every non-default meter of the tenant
-// $1 in each period an event of the usage timestamps $2 may fall in: each
-// timestamp's calendar month and every subscription period overlapping
-// their span. That is every period periodsSQL computes for them, and
-// maybe more (a total of a period no event falls in is never used),
-// without periodsSQL's lookup of a subscription per event, which this read
-// repeated for every event of a batch under a per-model catalog. Queued
-// only while the catalog has such meters.
+// $1 in each period an event may fall in: $2 the calendar months (UTC) of
+// the events' timestamps, and every subscription period overlapping their
+// span, $3 to $4 (earliest and latest timestamp). That is every period
+// periodsSQL computes for them, and maybe more (a total of a period no
+// event falls in is never used), without periodsSQL's lookup of a
+// subscription per event. The months are the caller's (eventMonths): a
+// batch's 1,000 timestamps have one or two, and truncating each in SQL
+// was most of this read's time. Queued only while the catalog has such
+// meters.
 const extraTotalsSQL = `
-	WITH e AS (
-		SELECT min(ts) AS lo, max(ts) AS hi FROM unnest($2::timestamptz[]) AS e (ts)
-	), p AS (
-		SELECT date_trunc('month', e.ts, 'UTC') AS start FROM unnest($2::timestamptz[]) AS e (ts)
+	WITH p AS (
+		SELECT unnest($2::timestamptz[]) AS start
 		UNION
-		SELECT s.current_period_start FROM tenant_subscriptions s, e
-		WHERE s.tenant_id = $1 AND s.current_period_start <= e.hi AND e.lo < s.current_period_end
+		SELECT s.current_period_start FROM tenant_subscriptions s
+		WHERE s.tenant_id = $1 AND s.current_period_start <= $4::timestamptz AND $3::timestamptz < s.current_period_end
 	)
 	SELECT m.period_start, m.meter, sum(m.tokens)::bigint
 	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start
 	GROUP BY 1, 2`
+
+// eventMonths are the distinct calendar months (UTC) of events'
+// timestamps, and the earliest and latest timestamp: extraTotalsSQL's
+// arguments.
+func eventMonths(events []*Event) (months pgArray[pgTimestamptz], lo, hi time.Time) {
+	var last time.Time
+	for i, ev := range events {
+		ts := ev.Timestamp.UTC()
+		if i == 0 || ts.Before(lo) {
+			lo = ts
+		}
+		if i == 0 || ts.After(hi) {
+			hi = ts
+		}
+		m := time.Date(ts.Year(), ts.Month(), 1, 0, 0, 0, 0, time.UTC)
+		if i > 0 && m.Equal(last) {
+			continue
+		}
+		last = m
+		if !slices.ContainsFunc(months, func(x pgTimestamptz) bool { return time.Time(x).Equal(m) }) {
+			months = append(months, pgTimestamptz(m))
+		}
+	}
+	return months, lo, hi
+}
 
 // tenantAllowanceSQL reads the tenant's allowances and the transaction's
 // now(), for a transaction whose first pipeline did not (a delta log's).
