@@ -400,14 +400,21 @@ func (w *writes) add(l *overage.UsageLog, p time.Time, lines []overage.MeterLine
 }
 
 // finish sets what the split lines decide of a log: its billing status,
-// its lines as its row holds them, presented with the catalog.
+// its lines as its row holds them (a copy: lines stay as split), presented
+// with the catalog.
 func (st *state) finish(l *overage.UsageLog, lines []overage.MeterLine) {
+	setStatus(l, lines)
+	l.Meters = rawLinesInto(st.newLines(len(lines)), l, lines)
+	st.catalog.Present(l)
+}
+
+// setStatus is a new log's billing status: pending when a line has
+// overage to send.
+func setStatus(l *overage.UsageLog, lines []overage.MeterLine) {
 	l.BillingStatus = overage.BillingStatusNotBillable
 	if billable(lines) {
 		l.BillingStatus = overage.BillingStatusPending
 	}
-	l.Meters = rawLinesInto(st.newLines(len(lines)), l, lines)
-	st.catalog.Present(l)
 }
 
 // newLogs computes, in arrival order, each new event's overage from its
@@ -447,9 +454,16 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		if st.closed[p] {
 			l.StripeTimestamp = usagelog.TimestampReported
 		}
-		st.finish(l, lines)
-		results[i] = result{log: l}
+		// The split lines become the log's own lines, not a copy (with
+		// three meters a copy was a fifth of this loop's allocation and a
+		// tenth of its time): w takes what it needs first, and keeps only
+		// what presenting them leaves alone — every line's overage and the
+		// other meters' tokens.
+		setStatus(l, lines)
 		w.add(l, p, lines)
+		l.Meters = rawLinesInto(lines[:0], l, lines)
+		st.catalog.Present(l)
+		results[i] = result{log: l}
 	}
 	return w, nil
 }
