@@ -349,6 +349,8 @@ type writes struct {
 	deltas     map[time.Time]*overage.Overage
 	extra      []meterDelta
 	extraIndex map[meterDelta]int // in extra, by (period, meter)
+	lastExtra  []int              // the previous log's lines' indexes in extra
+	spareExtra []int              // the buffer lastExtra alternates with
 	// lines of the logs, in their order.
 	lines [][]overage.MeterLine
 	// streamRIDs are the logs' stream_request_id (nil: none has one).
@@ -387,16 +389,31 @@ func (w *writes) add(l *overage.UsageLog, p time.Time, lines []overage.MeterLine
 	}
 	d.InputTokens += lines[0].Tokens
 	d.OutputTokens += lines[1].Tokens
-	for _, ln := range lines[2:] {
-		key := meterDelta{period: p, meter: ln.Meter}
-		j, ok := w.extraIndex[key]
-		if !ok {
-			j = len(w.extra)
-			w.extraIndex[key] = j
-			w.extra = append(w.extra, key)
+	// Consecutive logs of one model and period feed the same meters in the
+	// same order: the previous log's k-th line's delta is tried before
+	// the index (hashing a period and a key, three times a log).
+	last := w.lastExtra
+	w.lastExtra = w.spareExtra[:0]
+	for k, ln := range lines[2:] {
+		j := -1
+		if k < len(last) {
+			if d := &w.extra[last[k]]; d.meter == ln.Meter && d.period.Equal(p) {
+				j = last[k]
+			}
+		}
+		if j < 0 {
+			key := meterDelta{period: p, meter: ln.Meter}
+			var ok bool
+			if j, ok = w.extraIndex[key]; !ok {
+				j = len(w.extra)
+				w.extraIndex[key] = j
+				w.extra = append(w.extra, key)
+			}
 		}
 		w.extra[j].tokens += ln.Tokens
+		w.lastExtra = append(w.lastExtra, j)
 	}
+	w.spareExtra = last
 }
 
 // finish sets what the split lines decide of a log: its billing status,
