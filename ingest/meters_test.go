@@ -435,12 +435,20 @@ func TestEventsThatFeedNoDefaultMeterNeedNoOrderForItsAllowance(t *testing.T) {
 	if c := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1`, b.capped.ID); c != n*150 {
 		t.Fatalf("meter totals %d, want %d", c, n*150)
 	}
+	// Nothing was added to the defaults' totals, so no row of theirs was
+	// written.
+	if c := b.count(t, `SELECT count(*) FROM allowance_usage WHERE tenant_id = $1`, b.capped.ID); c != 0 {
+		t.Fatalf("%d rows of the default meters' totals, want none: the events gave them no tokens", c)
+	}
 	// The defaults' allowance is untouched: an event of another model
-	// falls within it.
-	r := b.post(t, b.capped.APIKey, "other", event(130, 40))
+	// falls within it, and its tokens are counted.
+	r := b.post(t, b.capped.APIKey, "other", partsEvent("claude-3", 130, 0, 0, 40, 0))
 	requireStatus(t, r, http.StatusAccepted)
-	if lines := meterLines(t, r.body); lines["input"].Overage != 0 || lines["output"].Overage != 0 {
+	if lines := meterLines(t, r.body); lines["input"].Tokens != 130 || lines["input"].Overage != 0 || lines["output"].Overage != 0 {
 		t.Fatalf("an event of the defaults: lines %+v, want within the allowance", lines)
+	}
+	if c := b.count(t, `SELECT sum(input_tokens) * 1000 + sum(output_tokens) FROM allowance_usage WHERE tenant_id = $1`, b.capped.ID); c != 130*1000+40 {
+		t.Fatalf("default meters' totals %d, want 130 and 40", c)
 	}
 }
 

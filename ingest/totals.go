@@ -125,14 +125,21 @@ func queuePeriodTotals(b *pgx.Batch, tenantID uuid.UUID, periods []time.Time, o 
 
 // queueAllowanceTotals adds w's tokens of the default meters to their
 // period totals: an ordered period's slot 0, else the transaction's slot,
-// in (period, slot) order.
+// in (period, slot) order. A period where the logs gave the default
+// meters no tokens is left alone (a per-model catalog's events may feed
+// neither): adding nothing would only write a new version of its row.
 func queueAllowanceTotals(b *pgx.Batch, tenantID uuid.UUID, st *state, w *writes) {
 	n := len(w.deltaOrder)
-	starts, ordered := make([]time.Time, n), make([]bool, n)
-	ins, outs := make([]int64, n), make([]int64, n)
-	for i, p := range w.deltaOrder {
-		starts[i], ordered[i] = p, st.ordered[p]
-		ins[i], outs[i] = w.deltas[p].InputTokens, w.deltas[p].OutputTokens
+	starts, ordered := make([]time.Time, 0, n), make([]bool, 0, n)
+	ins, outs := make([]int64, 0, n), make([]int64, 0, n)
+	for _, p := range w.deltaOrder {
+		if d := w.deltas[p]; d.InputTokens != 0 || d.OutputTokens != 0 {
+			starts, ordered = append(starts, p), append(ordered, st.ordered[p])
+			ins, outs = append(ins, d.InputTokens), append(outs, d.OutputTokens)
+		}
+	}
+	if len(starts) == 0 {
+		return
 	}
 	b.Queue(`INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
 		SELECT $1, d.start, CASE WHEN d.ordered THEN 0 ELSE $6::smallint END, d.i, d.o
