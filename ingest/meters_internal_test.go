@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/overage-billing/overage"
 )
@@ -77,5 +78,34 @@ func TestNewLinesDoNotOverlap(t *testing.T) {
 				t.Fatalf("log %d line %d: %+v", i, j, ln)
 			}
 		}
+	}
+}
+
+// eventMonths: each calendar month (UTC) once, whatever the order and
+// time zone of the timestamps, and their span.
+func TestEventMonths(t *testing.T) {
+	tz := time.FixedZone("UTC-5", -5*3600)
+	ts := []time.Time{
+		time.Date(2026, 11, 30, 20, 0, 0, 0, tz), // 1 December in UTC
+		time.Date(2026, 11, 3, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 12, 1, 2, 0, 0, 0, time.UTC),
+		time.Date(2026, 11, 30, 23, 59, 59, 999999000, time.UTC),
+		time.Date(2026, 10, 31, 23, 0, 0, 0, time.UTC),
+	}
+	events := make([]*Event, len(ts))
+	for i, x := range ts {
+		events[i] = &Event{Timestamp: x}
+	}
+	months, lo, hi := eventMonths(events)
+	var got []time.Time
+	for _, m := range months {
+		got = append(got, time.Time(m))
+	}
+	want := []time.Time{time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC)}
+	if !slices.EqualFunc(got, want, time.Time.Equal) {
+		t.Fatalf("months %v, want %v", got, want)
+	}
+	if !lo.Equal(ts[4]) || !hi.Equal(ts[2]) {
+		t.Fatalf("span %v to %v, want %v to %v", lo, hi, ts[4], ts[2])
 	}
 }

@@ -435,12 +435,20 @@ func TestEventsThatFeedNoDefaultMeterNeedNoOrderForItsAllowance(t *testing.T) {
 	if c := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1`, b.capped.ID); c != n*150 {
 		t.Fatalf("meter totals %d, want %d", c, n*150)
 	}
+	// Nothing was added to the defaults' totals, so no row of theirs was
+	// written.
+	if c := b.count(t, `SELECT count(*) FROM allowance_usage WHERE tenant_id = $1`, b.capped.ID); c != 0 {
+		t.Fatalf("%d rows of the default meters' totals, want none: the events gave them no tokens", c)
+	}
 	// The defaults' allowance is untouched: an event of another model
-	// falls within it.
-	r := b.post(t, b.capped.APIKey, "other", event(130, 40))
+	// falls within it, and its tokens are counted.
+	r := b.post(t, b.capped.APIKey, "other", partsEvent("claude-3", 130, 0, 0, 40, 0))
 	requireStatus(t, r, http.StatusAccepted)
-	if lines := meterLines(t, r.body); lines["input"].Overage != 0 || lines["output"].Overage != 0 {
+	if lines := meterLines(t, r.body); lines["input"].Tokens != 130 || lines["input"].Overage != 0 || lines["output"].Overage != 0 {
 		t.Fatalf("an event of the defaults: lines %+v, want within the allowance", lines)
+	}
+	if c := b.count(t, `SELECT sum(input_tokens) * 1000 + sum(output_tokens) FROM allowance_usage WHERE tenant_id = $1`, b.capped.ID); c != 130*1000+40 {
+		t.Fatalf("default meters' totals %d, want 130 and 40", c)
 	}
 }
 
@@ -482,5 +490,44 @@ func TestMeterTotalsOfASubscriptionPeriodSpareTheOrder(t *testing.T) {
 	}
 	if c := b.count(t, `SELECT coalesce(sum(tokens), 0) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2`, b.capped.ID, start); c != 1800 {
 		t.Fatalf("the subscription period's total %d, want 1800", c)
+	}
+}
+
+// A batch whose events fall in two calendar months reads the meters'
+// totals of both (the months computed in serve): the month whose total
+// has reached the meter's allowance is charged without ordering (its
+// total row in the transaction's slot), the one with allowance left is
+// ordered (slot 0) and split there.
+func TestMeterTotalsOfEveryMonthOfABatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.createMeters(t, meters.CreateParams{Key: "m_input", EventName: "m_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}})
+	if _, err := b.pool.Exec(ctx, `UPDATE tenants SET included_meters = '{"m_input": 1000}' WHERE id = $1`, b.capped.ID); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	last := month.AddDate(0, -1, 0)
+	at := func(rid string, ts time.Time, in int) string {
+		return fmt.Sprintf(`{"request_id":%q,"timestamp":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":%d,"output_tokens":0}`,
+			rid, ts.Format(time.RFC3339Nano), in)
+	}
+	requireStatus(t, b.postBatch(t, b.capped.APIKey, "k1", batch(at("a", month.Add(-time.Hour), 1500))), http.StatusAccepted)
+	r := b.postBatch(t, b.capped.APIKey, "k2", batch(at("b", now, 600), at("c", month.Add(-time.Hour), 200), at("d", now, 600)))
+	requireStatus(t, r, http.StatusAccepted)
+	want := []int64{0, 200, 200} // this month: 1,000 included; last month's used up
+	for i, e := range batchEvents(t, r) {
+		for _, ln := range e["meters"].([]any) {
+			if l := ln.(map[string]any); l["meter"] == "m_input" && int64(l["overage"].(float64)) != want[i] {
+				t.Fatalf("event %d: %v, want overage %d", i, l, want[i])
+			}
+		}
+	}
+	if c := b.count(t, `SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND slot > 0`, b.capped.ID, last); c == 0 {
+		t.Fatal("last month, past the meter's allowance, was ordered: its total was not read")
+	}
+	if c := b.count(t, `SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND slot > 0`, b.capped.ID, month); c != 0 {
+		t.Fatal("this month, with allowance left, was not ordered")
 	}
 }

@@ -93,7 +93,8 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 	}
 	b.Queue(periodsSQL, pgUUID(g.tenantID), ts, grace.Seconds())
 	if cat.Extra() {
-		b.Queue(extraTotalsSQL, pgUUID(g.tenantID), ts)
+		months, lo, hi := eventMonths(g.events)
+		b.Queue(extraTotalsSQL, pgUUID(g.tenantID), months, lo, hi)
 		st.extraRead = true
 	}
 	br := tx.SendBatch(ctx, b)
@@ -348,6 +349,8 @@ type writes struct {
 	deltas     map[time.Time]*overage.Overage
 	extra      []meterDelta
 	extraIndex map[meterDelta]int // in extra, by (period, meter)
+	lastExtra  []int              // the previous log's lines' indexes in extra
+	spareExtra []int              // the buffer lastExtra alternates with
 	// lines of the logs, in their order.
 	lines [][]overage.MeterLine
 	// streamRIDs are the logs' stream_request_id (nil: none has one).
@@ -386,27 +389,49 @@ func (w *writes) add(l *overage.UsageLog, p time.Time, lines []overage.MeterLine
 	}
 	d.InputTokens += lines[0].Tokens
 	d.OutputTokens += lines[1].Tokens
-	for _, ln := range lines[2:] {
-		key := meterDelta{period: p, meter: ln.Meter}
-		j, ok := w.extraIndex[key]
-		if !ok {
-			j = len(w.extra)
-			w.extraIndex[key] = j
-			w.extra = append(w.extra, key)
+	// Consecutive logs of one model and period feed the same meters in the
+	// same order: the previous log's k-th line's delta is tried before
+	// the index (hashing a period and a key, three times a log).
+	last := w.lastExtra
+	w.lastExtra = w.spareExtra[:0]
+	for k, ln := range lines[2:] {
+		j := -1
+		if k < len(last) {
+			if d := &w.extra[last[k]]; d.meter == ln.Meter && d.period.Equal(p) {
+				j = last[k]
+			}
+		}
+		if j < 0 {
+			key := meterDelta{period: p, meter: ln.Meter}
+			var ok bool
+			if j, ok = w.extraIndex[key]; !ok {
+				j = len(w.extra)
+				w.extraIndex[key] = j
+				w.extra = append(w.extra, key)
+			}
 		}
 		w.extra[j].tokens += ln.Tokens
+		w.lastExtra = append(w.lastExtra, j)
 	}
+	w.spareExtra = last
 }
 
 // finish sets what the split lines decide of a log: its billing status,
-// its lines as its row holds them, presented with the catalog.
+// its lines as its row holds them (a copy: lines stay as split), presented
+// with the catalog.
 func (st *state) finish(l *overage.UsageLog, lines []overage.MeterLine) {
+	setStatus(l, lines)
+	l.Meters = rawLinesInto(st.newLines(len(lines)), l, lines)
+	st.catalog.Present(l)
+}
+
+// setStatus is a new log's billing status: pending when a line has
+// overage to send.
+func setStatus(l *overage.UsageLog, lines []overage.MeterLine) {
 	l.BillingStatus = overage.BillingStatusNotBillable
 	if billable(lines) {
 		l.BillingStatus = overage.BillingStatusPending
 	}
-	l.Meters = rawLinesInto(st.newLines(len(lines)), l, lines)
-	st.catalog.Present(l)
 }
 
 // newLogs computes, in arrival order, each new event's overage from its
@@ -446,9 +471,16 @@ func (st *state) newLogs(g *group, fresh []int, results []result) (*writes, erro
 		if st.closed[p] {
 			l.StripeTimestamp = usagelog.TimestampReported
 		}
-		st.finish(l, lines)
-		results[i] = result{log: l}
+		// The split lines become the log's own lines, not a copy (with
+		// three meters a copy was a fifth of this loop's allocation and a
+		// tenth of its time): w takes what it needs first, and keeps only
+		// what presenting them leaves alone — every line's overage and the
+		// other meters' tokens.
+		setStatus(l, lines)
 		w.add(l, p, lines)
+		l.Meters = rawLinesInto(lines[:0], l, lines)
+		st.catalog.Present(l)
+		results[i] = result{log: l}
 	}
 	return w, nil
 }

@@ -46,25 +46,50 @@ var periodsSQL = `
 	ORDER BY p.ord`
 
 // extraTotalsSQL reads the totals of every non-default meter of the tenant
-// $1 in each period an event of the usage timestamps $2 may fall in: each
-// timestamp's calendar month and every subscription period overlapping
-// their span. That is every period periodsSQL computes for them, and
-// maybe more (a total of a period no event falls in is never used),
-// without periodsSQL's lookup of a subscription per event, which this read
-// repeated for every event of a batch under a per-model catalog. Queued
-// only while the catalog has such meters.
+// $1 in each period an event may fall in: $2 the calendar months (UTC) of
+// the events' timestamps, and every subscription period overlapping their
+// span, $3 to $4 (earliest and latest timestamp). That is every period
+// periodsSQL computes for them, and maybe more (a total of a period no
+// event falls in is never used), without periodsSQL's lookup of a
+// subscription per event. The months are the caller's (eventMonths): a
+// batch's 1,000 timestamps have one or two, and truncating each in SQL
+// was most of this read's time. Queued only while the catalog has such
+// meters.
 const extraTotalsSQL = `
-	WITH e AS (
-		SELECT min(ts) AS lo, max(ts) AS hi FROM unnest($2::timestamptz[]) AS e (ts)
-	), p AS (
-		SELECT date_trunc('month', e.ts, 'UTC') AS start FROM unnest($2::timestamptz[]) AS e (ts)
+	WITH p AS (
+		SELECT unnest($2::timestamptz[]) AS start
 		UNION
-		SELECT s.current_period_start FROM tenant_subscriptions s, e
-		WHERE s.tenant_id = $1 AND s.current_period_start <= e.hi AND e.lo < s.current_period_end
+		SELECT s.current_period_start FROM tenant_subscriptions s
+		WHERE s.tenant_id = $1 AND s.current_period_start <= $4::timestamptz AND $3::timestamptz < s.current_period_end
 	)
 	SELECT m.period_start, m.meter, sum(m.tokens)::bigint
 	FROM p JOIN meter_usage m ON m.tenant_id = $1 AND m.period_start = p.start
 	GROUP BY 1, 2`
+
+// eventMonths are the distinct calendar months (UTC) of events'
+// timestamps, and the earliest and latest timestamp: extraTotalsSQL's
+// arguments.
+func eventMonths(events []*Event) (months pgArray[pgTimestamptz], lo, hi time.Time) {
+	var last time.Time
+	for i, ev := range events {
+		ts := ev.Timestamp.UTC()
+		if i == 0 || ts.Before(lo) {
+			lo = ts
+		}
+		if i == 0 || ts.After(hi) {
+			hi = ts
+		}
+		m := time.Date(ts.Year(), ts.Month(), 1, 0, 0, 0, 0, time.UTC)
+		if i > 0 && m.Equal(last) {
+			continue
+		}
+		last = m
+		if !slices.ContainsFunc(months, func(x pgTimestamptz) bool { return time.Time(x).Equal(m) }) {
+			months = append(months, pgTimestamptz(m))
+		}
+	}
+	return months, lo, hi
+}
 
 // tenantAllowanceSQL reads the tenant's allowances and the transaction's
 // now(), for a transaction whose first pipeline did not (a delta log's).
@@ -100,14 +125,21 @@ func queuePeriodTotals(b *pgx.Batch, tenantID uuid.UUID, periods []time.Time, o 
 
 // queueAllowanceTotals adds w's tokens of the default meters to their
 // period totals: an ordered period's slot 0, else the transaction's slot,
-// in (period, slot) order.
+// in (period, slot) order. A period where the logs gave the default
+// meters no tokens is left alone (a per-model catalog's events may feed
+// neither): adding nothing would only write a new version of its row.
 func queueAllowanceTotals(b *pgx.Batch, tenantID uuid.UUID, st *state, w *writes) {
 	n := len(w.deltaOrder)
-	starts, ordered := make([]time.Time, n), make([]bool, n)
-	ins, outs := make([]int64, n), make([]int64, n)
-	for i, p := range w.deltaOrder {
-		starts[i], ordered[i] = p, st.ordered[p]
-		ins[i], outs[i] = w.deltas[p].InputTokens, w.deltas[p].OutputTokens
+	starts, ordered := make([]time.Time, 0, n), make([]bool, 0, n)
+	ins, outs := make([]int64, 0, n), make([]int64, 0, n)
+	for _, p := range w.deltaOrder {
+		if d := w.deltas[p]; d.InputTokens != 0 || d.OutputTokens != 0 {
+			starts, ordered = append(starts, p), append(ordered, st.ordered[p])
+			ins, outs = append(ins, d.InputTokens), append(outs, d.OutputTokens)
+		}
+	}
+	if len(starts) == 0 {
+		return
 	}
 	b.Queue(`INSERT INTO allowance_usage AS a (tenant_id, period_start, slot, input_tokens, output_tokens)
 		SELECT $1, d.start, CASE WHEN d.ordered THEN 0 ELSE $6::smallint END, d.i, d.o
