@@ -83,6 +83,19 @@ func (ExpireIdempotencyKeysArgs) InsertOpts() river.InsertOpts {
 	return river.InsertOpts{Queue: QueueMaintenance}
 }
 
+// UsageLogPartitionsArgs asks a worker to create the usage log partitions
+// of the months ahead and empty the request_id claims past their window
+// (usagelog.Maintain).
+type UsageLogPartitionsArgs struct{}
+
+// Kind implements river.JobArgs.
+func (UsageLogPartitionsArgs) Kind() string { return "overage.usage_log_partitions" }
+
+// InsertOpts implements river.JobArgsWithInsertOpts.
+func (UsageLogPartitionsArgs) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: QueueMaintenance}
+}
+
 // Inserter puts outbox jobs in callers' transactions.
 type Inserter struct {
 	client      *river.Client[pgx.Tx]

@@ -89,6 +89,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if err := river.AddWorkerSafely(ws, &IdempotencyReaper{pool: pool, logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("add idempotency reaper: %w", err)
 	}
+	if err := river.AddWorkerSafely(ws, &UsageLogPartitioner{pool: pool, logger: cfg.Logger}); err != nil {
+		return nil, fmt.Errorf("add usage log partitioner: %w", err)
+	}
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
 		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
 		closeGrace: cfg.PeriodCloseGrace,
@@ -146,6 +149,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 				},
 				&river.PeriodicJobOpts{ID: "sweep", RunOnStart: true}),
 			WebhookRetentionJob(cfg.ReapInterval),
+			river.NewPeriodicJob(river.PeriodicInterval(cfg.ReapInterval),
+				func() (river.JobArgs, *river.InsertOpts) { return outbox.UsageLogPartitionsArgs{}, nil },
+				&river.PeriodicJobOpts{ID: "usage_log_partitions", RunOnStart: true}),
 			streamCloser,
 		},
 	})

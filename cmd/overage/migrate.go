@@ -11,6 +11,7 @@ import (
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/migrations"
+	"github.com/overage-billing/overage/usagelog"
 )
 
 func cmdMigrate(ctx context.Context, e env, args []string) error {
@@ -47,6 +48,15 @@ func cmdMigrate(ctx context.Context, e env, args []string) error {
 		fmt.Fprintf(e.stdout, "applied %04d_%s\n", m.Version, m.Name)
 	}
 	fmt.Fprintf(e.stdout, "migrations applied: %d river, %d overage\n", len(res.RiverVersions), len(res.Applied))
+	// The usage log partitions of the months ahead, so that ingest goes on
+	// for months should no `overage work` run (it keeps them hourly).
+	created, err := usagelog.EnsurePartitions(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for _, name := range created {
+		fmt.Fprintf(e.stdout, "created partition %s\n", name)
+	}
 	return nil
 }
 

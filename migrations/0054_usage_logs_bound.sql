@@ -1,0 +1,33 @@
+-- Usage logs and their reports move to tables partitioned by month of
+-- ingest (0054-0058, on a live system, as 0025-0027 moved idempotency
+-- records), so that a month of logs can later go by dropping its partition.
+--
+-- A usage log's id is a UUIDv7 minted when ingest records it, so a range
+-- of ids is a range of ingest time: usage_logs is partitioned by RANGE
+-- (id), usage_reports by RANGE (lead_usage_log_id) with the same bounds (a
+-- report's lead is one of its logs, so a report goes with its lead's
+-- month). The bound of a month is the smallest UUIDv7 of its first instant
+-- (48-bit millisecond timestamp, every other bit zero).
+--
+-- Step 1: bound today's tables. `bound` is the start of the month after
+-- next (UTC): every id a running ingest (old or new code) mints until
+-- well after this upgrade is below it. The constraints are NOT VALID: they
+-- hold for new rows at once, without reading the existing ones under this
+-- lock (0055 and 0056 validate them without blocking writes). The tables
+-- then become the first partitions, for every id below `bound` (0057,
+-- 0058).
+SET LOCAL lock_timeout = '10s';
+
+CREATE TABLE overage_usage_logs_bound (bound timestamptz NOT NULL, id uuid NOT NULL);
+INSERT INTO overage_usage_logs_bound (bound, id)
+SELECT b, (lpad(to_hex(floor(extract(epoch FROM b) * 1000)::bigint), 12, '0') || '00000000000000000000')::uuid
+FROM (SELECT date_trunc('month', now(), 'UTC') + interval '2 months' AS b) AS m;
+
+DO $$
+DECLARE
+    b uuid := (SELECT id FROM overage_usage_logs_bound);
+BEGIN
+    EXECUTE format('ALTER TABLE usage_logs ADD CONSTRAINT usage_logs_before_bound CHECK (id < %L::uuid) NOT VALID', b);
+    EXECUTE format('ALTER TABLE usage_reports ADD CONSTRAINT usage_reports_before_bound CHECK (lead_usage_log_id < %L::uuid) NOT VALID', b);
+END
+$$;
