@@ -26,8 +26,9 @@ import (
 // during and after a drop.
 
 // WatermarkSQL is the watermark as SQL: the nil UUID while nothing is
-// rolled up.
-const WatermarkSQL = `coalesce((SELECT max(w.below_id) FROM usage_rollup_partitions w), '00000000-0000-0000-0000-000000000000'::uuid)`
+// rolled up (uuid has no max(): the last entry of
+// usage_rollup_partitions_below).
+const WatermarkSQL = `coalesce((SELECT w.below_id FROM usage_rollup_partitions w ORDER BY w.below_id DESC LIMIT 1), '00000000-0000-0000-0000-000000000000'::uuid)`
 
 // Watermark reads the watermark (uuid.Nil while nothing is rolled up).
 func Watermark(ctx context.Context, db DB) (uuid.UUID, error) {
