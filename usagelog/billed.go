@@ -100,7 +100,8 @@ func Billed(ctx context.Context, db DB, p BilledParams) (*BilledSums, error) {
 // retention watermark, from usage_rollups (their partitions are dropped,
 // or about to be: the log statements skip them). Rollups keep no
 // request_id, so a sum limited to a request_id prefix has none; and no
-// activity, the logs being long billed.
+// activity, the logs being long billed. As for the logs, a key comes from
+// billed logs only (not_billable ones are never sent).
 func billedOnRollups(ctx context.Context, db DB, p BilledParams, s *BilledSums) error {
 	if p.RequestIDPrefix != "" {
 		return nil
@@ -108,7 +109,8 @@ func billedOnRollups(ctx context.Context, db DB, p BilledParams, s *BilledSums) 
 	q := `SELECT t.stripe_customer_id, to_char(r.billing_day, 'YYYY-MM-DD'), r.meter,
 			sum(r.billed_tokens)::bigint, sum(r.late_billed_tokens)::bigint
 		FROM usage_rollups r JOIN tenants t ON t.id = r.tenant_id
-		WHERE r.billing_day >= ($1::timestamptz AT TIME ZONE 'UTC')::date AND r.billing_day < ($2::timestamptz AT TIME ZONE 'UTC')::date`
+		WHERE r.billing_day >= ($1::timestamptz AT TIME ZONE 'UTC')::date AND r.billing_day < ($2::timestamptz AT TIME ZONE 'UTC')::date
+			AND r.billed_logs > 0`
 	args := []any{p.From, p.End}
 	if !p.Meters {
 		q += ` AND r.meter IN ('input', 'output')`
