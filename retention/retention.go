@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -68,10 +69,13 @@ type Decision struct {
 
 // Result is a run: every partition, oldest first.
 type Result struct {
-	DryRun     bool       `json:"dry_run"`
-	Retention  string     `json:"retention"`
-	Watermark  string     `json:"watermark"`
-	Partitions []Decision `json:"partitions"`
+	DryRun    bool   `json:"dry_run"`
+	Retention string `json:"retention"`
+	// Watermark: the logs with ids below it are read from usage_rollups
+	// (recorded before WatermarkAt); null while nothing is rolled up.
+	Watermark   *string    `json:"watermark"`
+	WatermarkAt *time.Time `json:"watermark_at"`
+	Partitions  []Decision `json:"partitions"`
 }
 
 // Dropped counts the partitions the run dropped.
@@ -180,7 +184,10 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, dryRun bool) (*Res
 	if err != nil {
 		return res, err
 	}
-	res.Watermark = w.String()
+	if w != uuid.Nil {
+		ws, at := w.String(), usagelog.IDTime(w)
+		res.Watermark, res.WatermarkAt = &ws, &at
+	}
 	return res, nil
 }
 
@@ -243,15 +250,23 @@ func keptBecause(s *usagelog.PartitionState) string {
 				total += n
 			}
 		}
-		return fmt.Sprintf("%d logs not final (%s)", total, strings.Join(parts, ", "))
+		return fmt.Sprintf("%s not final (%s)", count(total, "log"), strings.Join(parts, ", "))
 	}
 	if s.OpenReports > 0 {
-		return fmt.Sprintf("%d open reports", s.OpenReports)
+		return count(s.OpenReports, "open report")
 	}
 	if p := s.OpenPeriod; p != nil {
 		return "period " + periodText(p.Start) + " of tenant " + p.TenantID.String() + " not closed"
 	}
 	return ""
+}
+
+// count is n things, in English.
+func count(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
 }
 
 // periodText is a period's start as a month (2026-03) when it begins one,

@@ -361,13 +361,13 @@ func TestRetentionKeepsWhatMayNotGo(t *testing.T) {
 	}{
 		{name: "pending", blocker: func(tn uuid.UUID) seedLog {
 			return seedLog{tenant: tn, ingest: feb.Add(time.Hour), ts: feb, model: "m", status: "pending", in: line{"input", 5, 5}}
-		}, reason: "1 logs not final (1 pending)", resolve: `UPDATE usage_logs SET billing_status = 'billed' WHERE billing_status = 'pending'`},
+		}, reason: "1 log not final (1 pending)", resolve: `UPDATE usage_logs SET billing_status = 'billed' WHERE billing_status = 'pending'`},
 		{name: "needs_review", blocker: func(tn uuid.UUID) seedLog {
 			return seedLog{tenant: tn, ingest: feb.Add(time.Hour), ts: feb, model: "m", status: "needs_review", in: line{"input", 5, 5}}
-		}, reason: "1 logs not final (1 needs_review)", resolve: `UPDATE usage_logs SET billing_status = 'not_billable' WHERE billing_status = 'needs_review'`},
+		}, reason: "1 log not final (1 needs_review)", resolve: `UPDATE usage_logs SET billing_status = 'not_billable' WHERE billing_status = 'needs_review'`},
 		{name: "open report", blocker: func(tn uuid.UUID) seedLog {
 			return seedLog{tenant: tn, ingest: feb.Add(time.Hour), ts: feb, model: "m", status: "billed", in: line{"input", 5, 5}}
-		}, report: true, reason: "1 open reports", resolve: `UPDATE usage_reports SET state = 'accepted' WHERE state = 'open'`},
+		}, report: true, reason: "1 open report", resolve: `UPDATE usage_reports SET state = 'accepted' WHERE state = 'open'`},
 		{name: "open period", blocker: func(tn uuid.UUID) seedLog {
 			// A subscription period that began in February 2024 and is
 			// still running: its logs are not closed.

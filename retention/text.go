@@ -38,6 +38,10 @@ func WriteText(w io.Writer, r *Result) error {
 	if r.DryRun {
 		mode = " (dry run: nothing changed)"
 	}
-	_, err := fmt.Fprintf(w, "\nUSAGE_LOG_RETENTION=%s; logs with ids below %s are read from usage_rollups%s\n", r.Retention, r.Watermark, mode)
+	rolled := "nothing is rolled up yet"
+	if r.Watermark != nil {
+		rolled = fmt.Sprintf("the logs recorded before %s (ids below %s) are read from usage_rollups", r.WatermarkAt.Format(time.RFC3339), *r.Watermark)
+	}
+	_, err := fmt.Fprintf(w, "\nUSAGE_LOG_RETENTION=%s; %s%s\n", r.Retention, rolled, mode)
 	return err
 }

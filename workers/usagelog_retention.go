@@ -49,7 +49,7 @@ func (w *UsageLogRetention) Work(ctx context.Context, _ *river.Job[outbox.UsageL
 	}
 	dropped, kept, first := res.Summary()
 	w.logger.InfoContext(ctx, "usage log retention", "dropped", dropped, "kept", kept, "first_kept", first,
-		"retention", res.Retention, "watermark", res.Watermark, "took", time.Since(start))
+		"retention", res.Retention, "rolled_up_before", res.WatermarkAt, "took", time.Since(start))
 	return nil
 }
 
