@@ -122,7 +122,7 @@ func BenchmarkUsage(b *testing.B) {
 		for done := 0; done < n; done += 1_000_000 {
 			if _, err := w.pool.Exec(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 					period_start, overage_input_tokens, overage_output_tokens, billing_status, billed_at)
-				SELECT gen_random_uuid(), ($1::uuid[])[1 + g % 100], now() - make_interval(days => (g % 365)::int), 'u', 'm', 10, 5,
+				SELECT uuidv7(), ($1::uuid[])[1 + g % 100], now() - make_interval(days => (g % 365)::int), 'u', 'm', 10, 5,
 					date_trunc('month', now() - make_interval(days => (g % 365)::int), 'UTC'), 10, 5, 'billed', now()
 				FROM generate_series($2::bigint, $3::bigint) AS g`, others, done, min(done+1_000_000, n)-1); err != nil {
 				b.Fatal(err)

@@ -110,7 +110,7 @@ fresh
 psql -q "$URL" <<SQL
 INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
     period_start, overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at, updated_at)
-SELECT gen_random_uuid(), ('00000000-0000-0000-0000-' || lpad((g % 100 + 1)::text, 12, '0'))::uuid, 'seed-' || g,
+SELECT (lpad(to_hex(floor(extract(epoch FROM now() - interval '20 days') * 1000)::bigint), 12, '0') || '7' || lpad(to_hex(g % 4096), 3, '0') || '8' || lpad(to_hex(g), 15, '0'))::uuid, ('00000000-0000-0000-0000-' || lpad((g % 100 + 1)::text, 12, '0'))::uuid, 'seed-' || g,
     now() - interval '20 days', 'u', 'm', 100, 20, date_trunc('month', now() - interval '20 days', 'UTC'), 100, 20,
     'billed', now(), now() - interval '20 days', now() - interval '20 days'
 FROM generate_series(1, $VOLUME_LOGS) g;

@@ -90,7 +90,7 @@ func seedStatusLogs(t *testing.T, pool *pgxpool.Pool, tenant string, from, to in
 	if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at,
 			meter_keys, meter_tokens, meter_overage)
-		SELECT gen_random_uuid(), $1, 'r' || g, now(), 'u', 'm', 10, 10, date_trunc('month', now()), 10, 0,
+		SELECT uuidv7(), $1, 'r' || g, now(), 'u', 'm', 10, 10, date_trunc('month', now()), 10, 0,
 			CASE WHEN g = 1 THEN 'pending' ELSE 'billed' END, now() - interval '1 day' + g * interval '1 ms',
 			CASE WHEN g % 5 = 0 THEN '{cached_in}'::text[] END, CASE WHEN g % 5 = 0 THEN '{3}'::bigint[] END,
 			CASE WHEN g % 5 = 0 THEN '{3}'::bigint[] END

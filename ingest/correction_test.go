@@ -247,7 +247,7 @@ func (b *bundle) seedLog(t *testing.T, tenant uuid.UUID, period time.Time, in in
 	var id string
 	if err := b.pool.QueryRow(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status)
-		VALUES (gen_random_uuid(), $1, $2::timestamptz + interval '1 hour', 'u', 'm', $3, 0, $2, $3, 0, 'billed') RETURNING id::text`,
+		VALUES (uuidv7(), $1, $2::timestamptz + interval '1 hour', 'u', 'm', $3, 0, $2, $3, 0, 'billed') RETURNING id::text`,
 		tenant, period, in).Scan(&id); err != nil {
 		t.Fatal(err)
 	}

@@ -143,7 +143,7 @@ func seedKeysAndLogs(t *testing.T, pool *pgxpool.Pool, tenant uuid.UUID, from, t
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status)
-		SELECT gen_random_uuid(), $1, 'r' || g, now(), 'u', 'm', 1, 1, date_trunc('month', now()), 0, 0, 'not_billable'
+		SELECT uuidv7(), $1, 'r' || g, now(), 'u', 'm', 1, 1, date_trunc('month', now()), 0, 0, 'not_billable'
 		FROM generate_series($2::int, $3::int) g`, tenant, from, to); err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +181,7 @@ func TestReadsOfUsageEventsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 			ctx := context.Background()
 			pool, _ := pgtest.NewPool(t)
 			tenant := uuid.New()
-			known := uuid.New()
+			known := uuid.Must(uuid.NewV7()) // a usage log id: UUIDv7, in a partition
 			id := fmt.Sprintf("('%s')", known)
 			probes := []pgtest.Probe{
 				{Name: "log by id", SQL: getLogSQL, Args: id, Settings: readSettingsSQL},

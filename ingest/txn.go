@@ -289,6 +289,9 @@ func (w *writes) queueLogs(b *pgx.Batch, tenantID uuid.UUID, now time.Time) {
 			corrects[i], why[i], by[i] = l.Corrects, l.Reason, l.CorrectedBy
 		}
 	}
+	if slices.ContainsFunc(rids, func(r pgtype.Text) bool { return r.Valid }) {
+		b.Queue(usagelog.ClaimRequestIDsSQL, pgUUID(tenantID), rids)
+	}
 	b.Queue(usagelog.InsertSQL,
 		pgUUID(tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, now, reads, writes, reasons,
 		flat.keys, flat.tokens, flat.over, flat.offsets, flat.count, reported, corrects, why, w.streamRIDs, by)

@@ -31,3 +31,29 @@ BEGIN
     EXECUTE format('ALTER TABLE usage_reports ADD CONSTRAINT usage_reports_before_bound CHECK (lead_usage_log_id < %L::uuid) NOT VALID', b);
 END
 $$;
+
+-- The lower bound of every partition of usage_logs and usage_reports
+-- (-infinity: the first, today's tables once 0057 and 0058 have made them
+-- partitions), kept by the usagelog package in the transaction that
+-- attaches a partition. Ingest reads it in every transaction that records
+-- logs, where reading the catalogue would cost too much: whether a bound
+-- is near (the claims below) and from which partition on its lookups of
+-- earlier logs by request_id probe. It and the claims are made in this
+-- first step so that ingest's statements work at every step of the move.
+CREATE TABLE usage_log_partition_bounds (lower timestamptz PRIMARY KEY);
+INSERT INTO usage_log_partition_bounds VALUES ('-infinity');
+
+-- Across a partition bound, two transactions recording one request_id
+-- write into two partitions whose unique indexes never meet. Within an
+-- hour (by the database's clock) of a bound, ingest also inserts every
+-- request_id it records here, so the second of two such transactions waits
+-- for the first at this primary key and, once the first has committed,
+-- fails with a unique violation: its pass runs again and finds the first
+-- one's log. The table is emptied whole by TRUNCATE once no bound is within two
+-- hours (usagelog.TruncateClaims, run by `overage work`), never row by
+-- row.
+CREATE TABLE usage_log_request_claims (
+    tenant_id  uuid NOT NULL,
+    request_id text NOT NULL,
+    PRIMARY KEY (tenant_id, request_id)
+);

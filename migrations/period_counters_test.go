@@ -36,7 +36,7 @@ func TestPeriodCountersCountEveryLine(t *testing.T) {
 	}
 	exec(`INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens, period_start,
 			overage_input_tokens, overage_output_tokens, billing_status, meter_keys, meter_tokens, meter_overage)
-		SELECT gen_random_uuid(), t.tenant::uuid, now(), 'u', 'm', 100, 50, t.period::timestamptz, t.oi, t.oo, t.status,
+		SELECT uuidv7(), t.tenant::uuid, now(), 'u', 'm', 100, 50, t.period::timestamptz, t.oi, t.oo, t.status,
 			t.keys::text[], t.over::bigint[], t.over::bigint[]
 		FROM (VALUES
 			('00000000-0000-0000-0000-00000000000a', '2026-11-01', 10, 5, 'pending', NULL, NULL),
@@ -56,7 +56,7 @@ func TestPeriodCountersCountEveryLine(t *testing.T) {
 	exec(`BEGIN; SELECT set_config('overage.slot', '3', true);
 		INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens, period_start,
 			overage_input_tokens, overage_output_tokens, billing_status, meter_keys, meter_tokens, meter_overage)
-		SELECT gen_random_uuid(), '00000000-0000-0000-0000-00000000000a', now(), 'u', 'm', 100, 50, '2026-11-01', n, 0, 'pending',
+		SELECT uuidv7(), '00000000-0000-0000-0000-00000000000a', now(), 'u', 'm', 100, 50, '2026-11-01', n, 0, 'pending',
 			CASE WHEN n % 2 = 0 THEN '{m_a,m_b,m_c}'::text[] ELSE '{m_c,m_d}' END,
 			CASE WHEN n % 2 = 0 THEN ARRAY[n, n, n] ELSE ARRAY[n, 2 * n] END,
 			CASE WHEN n % 2 = 0 THEN ARRAY[n, n, n] ELSE ARRAY[n, 2 * n] END

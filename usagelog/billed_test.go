@@ -43,7 +43,7 @@ func seedBilled(t *testing.T, pool *pgxpool.Pool, logs []billedLog) {
 		if _, err := pool.Exec(context.Background(), `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id,
 				input_tokens, output_tokens, period_start, overage_input_tokens, overage_output_tokens, billing_status, billed_at,
 				first_attempt_at, meter_keys, meter_tokens, meter_overage)
-			VALUES (gen_random_uuid(), $1, $2, $3, 'u', 'm', $4, $5, date_trunc('month', $3::timestamptz, 'UTC'), $4, $5, $6, $7, $8, $9, $10, $11)`,
+			VALUES (uuidv7(), $1, $2, $3, 'u', 'm', $4, $5, date_trunc('month', $3::timestamptz, 'UTC'), $4, $5, $6, $7, $8, $9, $10, $11)`,
 			l.tenant, l.request, l.ts, l.in, l.out, l.status, billedAt, l.firstAttempts, keys, tokens, over); err != nil {
 			t.Fatal(err)
 		}

@@ -1,5 +1,7 @@
 package usagelog
 
+import "fmt"
+
 // InsertSQL records usage logs: every usage_logs row ingest adds (new
 // events, a stream's increases, corrections) goes through it, one row per
 // element of its arrays, in request_id order (two transactions sharing
@@ -34,3 +36,23 @@ const InsertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_i
 		$17::text[], $20::int[], $21::int[], $22::bool[], $23::uuid[], $24::text[], $25::text[], $26::text[])
 		AS u (id, rid, ts, usr, model, i, o, period, oi, oo, status, cr, cw, rs, mk, lo, cnt, reported, corrects, reason, srid, cby)
 	ORDER BY u.rid COLLATE "C"`
+
+// ClaimRequestIDsSQL claims the request_ids in $2 of the tenant $1 in
+// usage_log_request_claims when a partition bound is within ClaimWindow of
+// now (by the database's clock; otherwise it writes nothing), in
+// request_id order, queued right before InsertSQL. Within a partition its
+// unique index on (tenant_id, request_id) referees two transactions
+// recording one request_id; across a bound the two logs would land in two
+// partitions whose indexes never meet, and this primary key referees
+// instead: the second transaction waits for the first and, once it has
+// committed, fails with a unique violation (23505), after which ingest
+// runs its pass again and finds the first one's log (ReplayFloorSQL keeps
+// every recent partition in the lookup). Two app servers can mint ids on
+// either side of a bound only while the database's clock is near it, by
+// less than their clocks' skew. TruncateClaims empties the table past the
+// window.
+var ClaimRequestIDsSQL = fmt.Sprintf(`INSERT INTO usage_log_request_claims (tenant_id, request_id)
+	SELECT $1, r.rid FROM unnest($2::text[]) AS r (rid)
+	WHERE r.rid IS NOT NULL AND EXISTS (SELECT FROM usage_log_partition_bounds b
+		WHERE b.lower BETWEEN now() - interval '%[1]d seconds' AND now() + interval '%[1]d seconds')
+	ORDER BY r.rid COLLATE "C"`, int64(ClaimWindow.Seconds()))

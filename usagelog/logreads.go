@@ -1,15 +1,47 @@
 package usagelog
 
+import (
+	"fmt"
+
+	"github.com/overage-billing/overage"
+)
+
 // The statements ingest reads usage logs with: ingest scans them into
 // overage.UsageLog and answers with them; like every statement on
 // usage_logs, they live here (docs/architecture.md).
 
 // LogsByRequestIDSQL reads the tenant's logs recorded under the
-// request_ids in $2: one index probe a request_id, as idempotency.LookupSQL.
+// request_ids in $2: one index probe a request_id in each partition from
+// ReplayFloorSQL's on, as idempotency.LookupSQL.
 var LogsByRequestIDSQL = `SELECT ` + LogColumns + `
 	FROM unnest($2::text[]) AS r (rid)
 	CROSS JOIN LATERAL (
-		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND l.request_id = r.rid LIMIT 1) AS u`
+		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND l.request_id = r.rid AND l.id >= ` + ReplayFloorSQL + ` LIMIT 1) AS u`
+
+// ReplayHorizon is how long before now (by the database's clock) the
+// original of an event ingest accepts can have been recorded: an event is
+// refused when its timestamp is older than overage.MaxEventAge (35 days)
+// or more than overage.MaxFutureSkew (5 minutes) in the future, so a
+// replay's original, carrying the same timestamp, was recorded no earlier
+// than the replay's timestamp minus 5 minutes, itself no earlier than 35
+// days ago; ClaimWindow (an hour) more covers the app servers' clocks,
+// which mint the ids and judge the age, being off the database's.
+const ReplayHorizon = overage.MaxEventAge + overage.MaxFutureSkew + ClaimWindow
+
+// ReplayFloorSQL is the lowest usage log id the lookups of earlier logs by
+// request_id read: the lower bound of the partition that holds the logs
+// recorded ReplayHorizon ago (usage_log_partition_bounds; the first
+// partition's is the smallest id). A condition on id, it prunes every
+// older partition when the statement runs, so a request_id costs one
+// index probe in each partition from that one on — two or three months
+// of partitions and those made ahead (Ahead), at most six probes at any
+// table size — and it filters nothing out inside the partitions it keeps:
+// a request_id their unique indexes hold is always found, and never
+// inserted twice into one partition.
+var ReplayFloorSQL = fmt.Sprintf(`(SELECT CASE WHEN f.lower IS NULL OR f.lower = '-infinity' THEN '00000000-0000-0000-0000-000000000000'::uuid
+			ELSE (lpad(to_hex(floor(extract(epoch FROM f.lower) * 1000)::bigint), 12, '0') || '00000000000000000000')::uuid END
+		FROM (SELECT max(b.lower) AS lower FROM usage_log_partition_bounds b WHERE b.lower <= now() - interval '%d seconds') AS f)`,
+	int64(ReplayHorizon.Seconds()))
 
 const LogColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
@@ -30,8 +62,13 @@ const ByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs
 		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) AND ($3::uuid IS NULL OR id > $3)
 		ORDER BY id LIMIT $4`
 
-// LogsByIDSQL reads the logs of the ids $1.
-const LogsByIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE id = ANY($1)`
+// LogsByIDSQL reads the logs of the ids $1: one probe an id, of its
+// partition only whatever the plan. A generic plan cannot prune on
+// id = ANY($1); here each id is a parameter of the nested loop (LIMIT 1
+// keeps the subquery from being flattened into a join the planner may
+// hash), which prunes each probe to its partition.
+const LogsByIDSQL = `SELECT ` + LogColumns + ` FROM unnest($1::uuid[]) AS k (kid)
+	CROSS JOIN LATERAL (SELECT * FROM usage_logs l WHERE l.id = k.kid LIMIT 1) AS u`
 
 // LockLogSQL reads and locks the log $1: the referee of two corrections
 // of one log.
@@ -41,9 +78,10 @@ const LockLogSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE id = $1 FOR 
 const TenantOfLogSQL = `SELECT tenant_id FROM usage_logs WHERE id = $1`
 
 // PlainLogByRequestIDSQL reads the log a plain event of the tenant $1
-// recorded under the request_id $2 (not a stream's).
-const PlainLogByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs
-	WHERE tenant_id = $1 AND request_id = $2 AND stream_request_id IS NULL`
+// recorded under the request_id $2 (not a stream's), from the partitions
+// LogsByRequestIDSQL reads.
+var PlainLogByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs
+	WHERE tenant_id = $1 AND request_id = $2 AND stream_request_id IS NULL AND id >= ` + ReplayFloorSQL
 
 // StreamLogsSQL reads the logs of the stream $2 of the tenant $1: its
 // increases and the corrections its final checkpoints made.

@@ -177,11 +177,14 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Report, error) {
 // The reports locked are updated by their ctid (a TID scan of the locked
 // rows, which no other transaction can move meanwhile). Joined back by
 // key instead, the planner without statistics drives the join from the
-// whole table (docs/plans.md, "Claim").
-var claimSQL = `UPDATE usage_reports r SET lease_until = now() + make_interval(secs => $2)
-		WHERE r.ctid = ANY (ARRAY(SELECT ctid FROM usage_reports
+// whole table (docs/plans.md, "Claim"). usage_reports being partitioned,
+// a ctid names a row only with its partition (tableoid): the TID scan
+// runs in every partition, and the pair keeps only the rows locked.
+var claimSQL = `WITH c AS (SELECT tableoid AS t, ctid AS c FROM usage_reports
 			WHERE tenant_id = $1 AND state = 'open' AND (lease_until IS NULL OR lease_until < now())
-			ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED))
+			ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED)
+	UPDATE usage_reports r SET lease_until = now() + make_interval(secs => $2)
+		WHERE r.ctid = ANY (ARRAY(SELECT c.c FROM c)) AND (r.tableoid, r.ctid) IN (SELECT c.t, c.c FROM c)
 			AND (r.lease_until IS NULL OR r.lease_until < now())
 		RETURNING ` + reportColumns("r.", 4)
 

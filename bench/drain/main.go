@@ -148,7 +148,7 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 		}
 		insert := `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status)
-			SELECT gen_random_uuid(), t.id, now() - interval '1 minute', 'u' || n, 'm', 100, 50, date_trunc('month', now()), 100, 50, 'pending'
+			SELECT (lpad(to_hex(floor(extract(epoch FROM now()) * 1000)::bigint), 12, '0') || '7' || lpad(to_hex(n % 4096), 3, '0') || '8' || lpad(to_hex(n), 15, '0'))::uuid, t.id, now() - interval '1 minute', 'u' || n, 'm', 100, 50, date_trunc('month', now()), 100, 50, 'pending'
 			FROM generate_series(1, $1) n
 			JOIN (SELECT id, row_number() OVER () - 1 AS i FROM tenants) t ON t.i = n % $2`
 		if meterCount == 3 {
@@ -158,7 +158,7 @@ func seed(ctx context.Context, pool *pgxpool.Pool, logs, tenants int) error {
 			// meter lines. The meter counters' statement trigger stays on.
 			insert = `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens, cache_read_input_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status, meter_keys, meter_tokens, meter_overage)
-			SELECT gen_random_uuid(), t.id, now() - interval '1 minute', 'u' || n, 'gpt-4o', 1200, 350, 800, date_trunc('month', now()), 0, 0, 'pending',
+			SELECT (lpad(to_hex(floor(extract(epoch FROM now()) * 1000)::bigint), 12, '0') || '7' || lpad(to_hex(n % 4096), 3, '0') || '8' || lpad(to_hex(n), 15, '0'))::uuid, t.id, now() - interval '1 minute', 'u' || n, 'gpt-4o', 1200, 350, 800, date_trunc('month', now()), 0, 0, 'pending',
 				'{m_input,m_cache,m_output}', '{400,800,350}', '{400,800,350}'
 			FROM generate_series(1, $1) n
 			JOIN (SELECT id, row_number() OVER () - 1 AS i FROM tenants) t ON t.i = n % $2`

@@ -25,7 +25,7 @@ func TestCorrectRecordsOnceAndReplays(t *testing.T) {
 	var id string
 	if err := pool.QueryRow(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status)
-		VALUES (gen_random_uuid(), $1, now() - interval '1 minute', 'u', 'm', 100, 40, date_trunc('month', now(), 'UTC'), 100, 40, 'billed')
+		VALUES (uuidv7(), $1, now() - interval '1 minute', 'u', 'm', 100, 40, date_trunc('month', now(), 'UTC'), 100, 40, 'billed')
 		RETURNING id::text`, tn.ID).Scan(&id); err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func TestReconcileExitStatuses(t *testing.T) {
 	// yesterday a minute ago (activity inside the default settle time).
 	if _, err := pool.Exec(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status, first_attempt_at, input_accepted_at, billed_at, created_at)
-		SELECT gen_random_uuid(), $1, d::date + interval '12 hours', 'u', 'm', 70, 0, date_trunc('month', d::date), 70, 0, 'billed',
+		SELECT uuidv7(), $1, d::date + interval '12 hours', 'u', 'm', 70, 0, date_trunc('month', d::date), 70, 0, 'billed',
 			now() - a, now() - a, now() - a, now() - a
 		FROM (VALUES ($2::text, interval '3 days'), ($3::text, interval '1 minute')) v(d, a)`, tn.ID, day, yesterday); err != nil {
 		t.Fatal(err)

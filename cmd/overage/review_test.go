@@ -21,7 +21,7 @@ func TestReviewListAndResolveAreAudited(t *testing.T) {
 	var id string
 	if err := pool.QueryRow(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status, first_attempt_at, billing_message)
-		VALUES (gen_random_uuid(), $1, now() - interval '2 days', 'u', 'm', 10, 0, date_trunc('month', now()), 10, 0, 'needs_review',
+		VALUES (uuidv7(), $1, now() - interval '2 days', 'u', 'm', 10, 0, date_trunc('month', now()), 10, 0, 'needs_review',
 			now() - interval '2 days', 'first sent two days ago') RETURNING id::text`, tn.ID).Scan(&id); err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func TestStatusShowsCountsReviewAndStripeMeterErrors(t *testing.T) {
 	}
 	if _, err := pool.Exec(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status, first_attempt_at, billing_message)
-		SELECT gen_random_uuid(), $1, now(), 'u', 'm', 10, 5, date_trunc('month', now()), 10, 5, s, now() - interval '2 days', 'why ' || s
+		SELECT uuidv7(), $1, now(), 'u', 'm', 10, 5, date_trunc('month', now()), 10, 5, s, now() - interval '2 days', 'why ' || s
 		FROM unnest(ARRAY['billed', 'billed', 'pending', 'needs_review']) s`, tn.ID); err != nil {
 		t.Fatal(err)
 	}

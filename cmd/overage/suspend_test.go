@@ -29,7 +29,7 @@ func TestTenantUpdateLiftsASuspensionForACustomerStripeKnows(t *testing.T) {
 	}
 	if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status)
-		VALUES (gen_random_uuid(), $1, now() - interval '1 minute', 'u', 'm', 10, 0, date_trunc('month', now(), 'UTC'), 10, 0, 'pending')`, tn.ID); err != nil {
+		VALUES (uuidv7(), $1, now() - interval '1 minute', 'u', 'm', 10, 0, date_trunc('month', now(), 'UTC'), 10, 0, 'pending')`, tn.ID); err != nil {
 		t.Fatal(err)
 	}
 	emu := emulator.New(emulator.Options{})

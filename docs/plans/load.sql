@@ -12,7 +12,7 @@ SELECT ('00000000-0000-4000-8000-' || lpad(to_hex(n), 12, '0'))::uuid, 'tenant '
 INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens, period_start,
   overage_input_tokens, overage_output_tokens, billing_status, input_accepted_at, output_accepted_at, first_attempt_at, billed_at,
   created_at, updated_at, input_report_lead, output_report_lead, meter_keys, meter_tokens, meter_overage, meter_leads, meter_accepted_at)
-SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad(to_hex(g % 1000), 12, '0'))::uuid, 'r' || g, t, 'u', 'm', 100, 50, date_trunc('month', t),
+SELECT (lpad(to_hex(floor(extract(epoch FROM t) * 1000)::bigint), 12, '0') || '7' || lpad(to_hex(g % 4096), 3, '0') || '8' || lpad(to_hex(g), 15, '0'))::uuid, ('00000000-0000-4000-8000-' || lpad(to_hex(g % 1000), 12, '0'))::uuid, 'r' || g, t, 'u', 'm', 100, 50, date_trunc('month', t),
   CASE WHEN st = 'not_billable' THEN 0 ELSE 10 END, CASE WHEN st = 'not_billable' THEN 0 ELSE 5 END, st,
   CASE WHEN st = 'billed' THEN t END, CASE WHEN st = 'billed' THEN t END, CASE WHEN st = 'billed' THEN t END, CASE WHEN st = 'billed' THEN t END,
   t, t,

@@ -7,7 +7,7 @@ SET plan_cache_mode = force_custom_plan;
 \echo ### lockCandidates
 BEGIN; :ex EXECUTE lockCandidates(:'tp', 500); ROLLBACK;
 \echo ### insertReport
-BEGIN; :ex EXECUTE insertReport(gen_random_uuid(), 'input', :'tp', now(), current_date, 5, now(), ARRAY[gen_random_uuid()], 'open', NULL, 60, 60); ROLLBACK;
+BEGIN; :ex EXECUTE insertReport((lpad(to_hex(floor(extract(epoch FROM now()) * 1000)::bigint), 12, '0') || '7' || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid, 'input', :'tp', now(), current_date, 5, now(), ARRAY[gen_random_uuid()], 'open', NULL, 60, 60); ROLLBACK;
 \echo ### formMembership
 BEGIN; :ex EXECUTE formMembership(ARRAY[:'plid'::uuid, gen_random_uuid()], ARRAY[gen_random_uuid(), NULL], ARRAY[NULL, NULL]::uuid[], '{}'::uuid[], '{0,0}', '{0,0}'); ROLLBACK;
 \echo ### acceptReport
@@ -71,7 +71,7 @@ SET plan_cache_mode = force_generic_plan;
 \echo ### lockCandidates
 BEGIN; :ex EXECUTE lockCandidates(:'tp', 500); ROLLBACK;
 \echo ### insertReport
-BEGIN; :ex EXECUTE insertReport(gen_random_uuid(), 'input', :'tp', now(), current_date, 5, now(), ARRAY[gen_random_uuid()], 'open', NULL, 60, 60); ROLLBACK;
+BEGIN; :ex EXECUTE insertReport((lpad(to_hex(floor(extract(epoch FROM now()) * 1000)::bigint), 12, '0') || '7' || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid, 'input', :'tp', now(), current_date, 5, now(), ARRAY[gen_random_uuid()], 'open', NULL, 60, 60); ROLLBACK;
 \echo ### formMembership
 BEGIN; :ex EXECUTE formMembership(ARRAY[:'plid'::uuid, gen_random_uuid()], ARRAY[gen_random_uuid(), NULL], ARRAY[NULL, NULL]::uuid[], '{}'::uuid[], '{0,0}', '{0,0}'); ROLLBACK;
 \echo ### acceptReport

@@ -154,6 +154,9 @@ func NewEmptyPool(t testing.TB) *pgxpool.Pool {
 		t.Fatalf("open pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(ctx, UUIDv7SQL); err != nil {
+		t.Fatalf("create uuidv7(): %v", err)
+	}
 	return pool
 }
 
@@ -246,9 +249,22 @@ func ensurePartitions(ctx context.Context, dbURL string) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	_, err = idempotency.EnsurePartitions(ctx, conn)
+	if _, err := idempotency.EnsurePartitions(ctx, conn); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, UUIDv7SQL)
 	return err
 }
+
+// UUIDv7SQL creates uuidv7() in a test database (PostgreSQL 18 has its
+// own, which takes precedence): the UUIDv7 of now, what ingest mints for a
+// usage log. A test seeding usage_logs or usage_reports by SQL uses it for
+// their ids, which the tables are partitioned by (a random UUID falls in
+// no partition).
+const UUIDv7SQL = `CREATE OR REPLACE FUNCTION uuidv7() RETURNS uuid LANGUAGE sql VOLATILE AS $$
+	SELECT (lpad(to_hex(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7'
+		|| substr(md5(random()::text), 1, 3) || to_hex(8 + floor(random() * 4)::int) || substr(md5(random()::text), 1, 15))::uuid
+$$`
 
 // templateComment starts the comment that marks a template complete; the
 // time it was built follows.

@@ -1,0 +1,347 @@
+package usagelog_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/overage-billing/overage/internal/testkit/parttest"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/usagelog"
+)
+
+func TestIDFloorIsTheSmallestIDOfItsMillisecond(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC)
+	if got := usagelog.IDFloor(at).String(); got != "01a36e30-f800-0000-0000-000000000000" {
+		t.Errorf("IDFloor(%v) = %s", at, got)
+	}
+	before := time.Now().Truncate(time.Millisecond)
+	id, err := uuid.NewV7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if floor := usagelog.IDFloor(before); strings.Compare(id.String(), floor.String()) < 0 {
+		t.Errorf("an id minted at or after %v (%s) is below its floor %s", before, id, floor)
+	}
+	if got := usagelog.IDTime(id); got.Before(before) || got.After(time.Now()) {
+		t.Errorf("IDTime(%s) = %v, minted from %v on", id, got, before)
+	}
+	if got := usagelog.IDTime(usagelog.IDFloor(at)); !got.Equal(at) {
+		t.Errorf("IDTime(IDFloor(%v)) = %v", at, got)
+	}
+}
+
+// A fresh database has one partition of each table, everything before the
+// month after next (migration 0054's bound, from when the database was
+// made); EnsurePartitions adds the months from there to Ahead months
+// beyond the current one, once, each with its usage_reports partition of
+// the same range, one after another without a gap.
+func TestEnsurePartitionsMakesTheMonthsAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	ps, err := usagelog.Partitions(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	// The test template may be up to a day old: its bound is two months
+	// after the month it was made in.
+	if len(ps) != 1 || ps[0].Name != "usage_logs_legacy" || ps[0].Reports != "usage_reports_legacy" || ps[0].Lower != nil ||
+		!(ps[0].Upper.Equal(parttest.Month(now, 2)) || ps[0].Upper.Equal(parttest.Month(now.Add(-24*time.Hour), 2))) {
+		t.Fatalf("partitions of a fresh database: %+v", ps)
+	}
+	created, err := usagelog.EnsurePartitions(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(created) == 0 || created[len(created)-1] != "usage_logs_p"+parttest.Month(now, usagelog.Ahead).Format("200601") {
+		t.Fatalf("created %v; want the months to %v", created, parttest.Month(now, usagelog.Ahead))
+	}
+	again, err := usagelog.EnsurePartitions(ctx, pool)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("a second run created %v (%v); want none", again, err)
+	}
+	if ps, err = usagelog.Partitions(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1+len(created) || !ps[len(ps)-1].Upper.Equal(parttest.Month(now, usagelog.Ahead+1)) {
+		t.Fatalf("partitions %+v after creating %v", ps, created)
+	}
+	for i, p := range ps[1:] {
+		if p.Lower == nil || !p.Lower.Equal(ps[i].Upper) || p.Reports != strings.Replace(p.Name, "usage_logs_", "usage_reports_", 1) ||
+			*p.LowerID != usagelog.IDFloor(*p.Lower) || p.UpperID != usagelog.IDFloor(p.Upper) {
+			t.Errorf("partition %+v follows %+v", p, ps[i])
+		}
+	}
+	var bounds int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_log_partition_bounds`).Scan(&bounds); err != nil || bounds != len(ps) {
+		t.Errorf("%d bounds recorded (%v) for %d partitions", bounds, err, len(ps))
+	}
+}
+
+// insertLogSQL records a log of the tenant $1 under the request_id $3 with
+// the id $2: the columns a log cannot go without.
+const insertLogSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+		period_start, overage_input_tokens, overage_output_tokens, billing_status)
+	VALUES ($2, $1, $3, now(), 'u', 'm', 1, 1, date_trunc('month', now(), 'UTC'), 0, 0, 'not_billable')`
+
+// idAt is an id minted at t.
+func idAt(t time.Time) uuid.UUID {
+	id := uuid.New()
+	floor := usagelog.IDFloor(t)
+	copy(id[:6], floor[:6])
+	return id
+}
+
+// Across the bound of two partitions, whose unique indexes on request_id
+// never meet, the claim referees: of two transactions recording one
+// request_id on either side of a bound near now, the second waits for the
+// first and fails once it commits. Far from any bound nothing is claimed,
+// and the same two transactions both record (the control: the claims are
+// what referees). Within one partition, its unique index does.
+func TestRequestIDClaimsRefereeAcrossABound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	bound := now.Add(10 * time.Minute)
+	names := parttest.Repartition(t, pool, parttest.Month(now, -1), bound, parttest.Month(now, 2))
+	tenant := uuid.New()
+
+	// race runs the claim and insert of rid with id a in one transaction
+	// and, once that holds them, with id b in another; then commits the
+	// first and returns the second's outcome.
+	race := func(rid string, a, b uuid.UUID) error {
+		t.Helper()
+		first, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = first.Rollback(ctx) }()
+		for _, q := range []struct {
+			sql  string
+			args []any
+		}{{usagelog.ClaimRequestIDsSQL, []any{tenant, []string{rid}}}, {insertLogSQL, []any{tenant, a, rid}}} {
+			if _, err := first.Exec(ctx, q.sql, q.args...); err != nil {
+				t.Fatalf("first transaction: %v", err)
+			}
+		}
+		done := make(chan error, 1)
+		go func() {
+			done <- pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, usagelog.ClaimRequestIDsSQL, tenant, []string{rid}); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, insertLogSQL, tenant, b, rid)
+				return err
+			})
+		}()
+		select {
+		case err := <-done:
+			return fmt.Errorf("the second transaction did not wait for the first: %w", err)
+		case <-time.After(300 * time.Millisecond):
+			// Waiting (or, without a referee, done and waiting to be read).
+		}
+		if err := first.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return <-done
+	}
+	uniqueOn := func(err error) string {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			return pgErr.ConstraintName
+		}
+		return ""
+	}
+	logsOf := func(rid string) int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = $1 AND request_id = $2`, tenant, rid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	err := race("across", idAt(bound.Add(-time.Millisecond)), idAt(bound))
+	if uniqueOn(err) != "usage_log_request_claims_pkey" || logsOf("across") != 1 {
+		t.Errorf("two transactions recording one request_id across the bound: the second got %v, %d logs; want the claim's unique violation, one log",
+			err, logsOf("across"))
+	}
+	// Far from any bound (the bound's row moved a day away, as if it were
+	// a month off), nothing is claimed: within one partition its unique
+	// index referees, and across the bound — the control — nothing does.
+	if _, err := pool.Exec(ctx, `UPDATE usage_log_partition_bounds SET lower = lower + interval '1 day' WHERE lower = $1`, bound); err != nil {
+		t.Fatal(err)
+	}
+	err = race("within", idAt(bound.Add(-2*time.Millisecond)), idAt(bound.Add(-time.Millisecond)))
+	if uniqueOn(err) != names[0]+"_request_id" || logsOf("within") != 1 {
+		t.Errorf("within one partition: the second got %v, %d logs; want the violation of %s_request_id, one log", err, logsOf("within"), names[0])
+	}
+	if err := race("unrefereed", idAt(bound.Add(-time.Millisecond)), idAt(bound)); err != nil || logsOf("unrefereed") != 2 {
+		t.Errorf("across the bound with nothing claimed: %v, %d logs; want both recorded (else the control cannot fail)", err, logsOf("unrefereed"))
+	}
+}
+
+// TruncateClaims empties the claims once no bound is within two windows
+// of now, and leaves them while one is.
+func TestTruncateClaimsOnlyFarFromABound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	bound := now.Add(-90 * time.Minute)
+	parttest.Repartition(t, pool, parttest.Month(now, -1), bound, parttest.Month(now, 2))
+	if _, err := pool.Exec(ctx, `INSERT INTO usage_log_request_claims VALUES ($1, 'r')`, uuid.New()); err != nil {
+		t.Fatal(err)
+	}
+	claims := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_log_request_claims`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if done, err := usagelog.TruncateClaims(ctx, pool); err != nil || done || claims() != 1 {
+		t.Fatalf("90 minutes after a bound: truncated %v (%v), %d claims left; want them kept", done, err, claims())
+	}
+	if _, err := pool.Exec(ctx, `UPDATE usage_log_partition_bounds SET lower = lower - interval '1 hour' WHERE lower = $1`, bound); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := usagelog.TruncateClaims(ctx, pool); err != nil || !done || claims() != 0 {
+		t.Fatalf("150 minutes after a bound: truncated %v (%v), %d claims left; want none", done, err, claims())
+	}
+	if done, err := usagelog.TruncateClaims(ctx, pool); err != nil || done {
+		t.Fatalf("no claims: truncated %v (%v); want nothing done", done, err)
+	}
+}
+
+// Every lookup by id reads the partition of the id only, from every
+// partition, with a generic plan; the lookup of earlier logs by request_id
+// reads the partitions from the one holding the logs of ReplayHorizon ago
+// on, one index probe each, and finds a log in any of them.
+func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	now := time.Now().UTC()
+	var bounds []time.Time
+	for m := -5; m <= usagelog.Ahead+1; m++ {
+		bounds = append(bounds, parttest.Month(now, m))
+	}
+	names := parttest.Repartition(t, pool, bounds...)
+	tenant := uuid.New()
+	// A log in each partition, recorded half way through its month (the
+	// current month's: now), under request_id "r<i>".
+	var ids []uuid.UUID
+	for i := range names {
+		at := bounds[i].Add(bounds[i+1].Sub(bounds[i]) / 2)
+		if now.After(bounds[i]) && now.Before(bounds[i+1]) {
+			at = now
+		}
+		id := idAt(at)
+		if _, err := pool.Exec(ctx, insertLogSQL, tenant, id, fmt.Sprintf("r%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	floor := now.Add(-usagelog.ReplayHorizon)
+	var kept []string // the partitions the request_id lookup must read
+	for i, name := range names {
+		if bounds[i+1].After(floor) {
+			kept = append(kept, name)
+		}
+	}
+	if len(kept) < 3 || len(kept) > 3+usagelog.Ahead {
+		t.Fatalf("the test's layout keeps %v", kept)
+	}
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	explain := func(name, args string) string {
+		t.Helper()
+		var b strings.Builder
+		rows, err := conn.Query(ctx, fmt.Sprintf(`EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) EXECUTE %s%s`, name, args))
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range lines {
+			b.WriteString(l + "\n")
+		}
+		return b.String()
+	}
+	// Partitions read: scans not marked never executed.
+	read := func(plan string) []string {
+		var out []string
+		for _, l := range strings.Split(plan, "\n") {
+			if strings.Contains(l, " on usage_logs_p") && !strings.Contains(l, "never executed") {
+				out = append(out, strings.Fields(l[strings.Index(l, " on usage_logs_p")+4:])[0])
+			}
+		}
+		return out
+	}
+	for _, q := range []string{
+		`SET plan_cache_mode = force_generic_plan`,
+		`PREPARE byrid(uuid, text[]) AS ` + usagelog.LogsByRequestIDSQL,
+		`PREPARE byid(uuid) AS ` + usagelog.GetLogSQL,
+		`PREPARE byids(uuid[]) AS ` + usagelog.LogsByIDSQL,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for i, id := range ids {
+		plan := explain("byid", fmt.Sprintf("('%s')", id))
+		if got := read(plan); len(got) != 1 || got[0] != names[i] || !strings.Contains(plan, "rows=1 ") {
+			t.Errorf("GET of the log in %s read %v:\n%s", names[i], got, plan)
+		}
+	}
+	var all []string
+	for _, id := range ids {
+		all = append(all, id.String())
+	}
+	plan := explain("byids", fmt.Sprintf("('{%s}')", strings.Join(all, ",")))
+	if !strings.Contains(plan, fmt.Sprintf("Nested Loop (actual rows=%d ", len(ids))) || strings.Contains(plan, "loops=2") {
+		t.Errorf("the logs of %d ids, one in each partition: want each partition probed once\n%s", len(ids), plan)
+	}
+	var rids []string
+	for i := range names {
+		rids = append(rids, fmt.Sprintf("r%d", i))
+	}
+	plan = explain("byrid", fmt.Sprintf("('%s', '{%s}')", tenant, strings.Join(rids, ",")))
+	if got := read(plan); strings.Join(got, " ") != strings.Join(kept, " ") {
+		t.Errorf("the lookup of a request_id in every partition read %v; want %v\n%s", got, kept, plan)
+	}
+	rows, err := conn.Query(ctx, `EXECUTE byrid('`+tenant.String()+`', '{`+strings.Join(rids, ",")+`}')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+		v, err := r.Values() // LogColumns: id, tenant_id, request_id, …
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprint(v[2]), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := rids[len(names)-len(kept):]; strings.Join(found, " ") != strings.Join(want, " ") {
+		t.Errorf("the lookup found the logs of %v; want %v, those of the partitions it reads", found, want)
+	}
+}
