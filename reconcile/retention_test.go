@@ -14,8 +14,8 @@ import (
 
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/internal/page"
-	"github.com/overage-billing/overage/internal/testkit/partitiontest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
+	"github.com/overage-billing/overage/internal/testkit/retentiontest"
 	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/reconcile"
 	"github.com/overage-billing/overage/retention"
@@ -44,7 +44,7 @@ func TestReconcileAndFinanceAreTheSameAfterADrop(t *testing.T) {
 		now := time.Now().UTC()
 		bound = now.Add(15 * time.Second)
 		next := time.Date(bound.Year(), bound.Month(), 1, 0, 0, 0, 0, time.UTC).AddDate(0, 1, 0)
-		first = partitiontest.Replace(t, pool, now.Add(-48*time.Hour), bound, next)[0]
+		first = retentiontest.Replace(t, pool, now.Add(-48*time.Hour), bound, next)[0]
 	})
 	var inFirst int
 	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM `+first).Scan(&inFirst); err != nil {

@@ -13,8 +13,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/overage-billing/overage/internal/testkit/partitiontest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/retentiontest"
 	"github.com/overage-billing/overage/retention"
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -57,7 +57,7 @@ func seed(t *testing.T, pool *pgxpool.Pool, logs ...seedLog) []uuid.UUID {
 	ctx := context.Background()
 	var ids []uuid.UUID
 	for _, l := range logs {
-		id := partitiontest.ID(l.ingest)
+		id := retentiontest.ID(l.ingest)
 		ids = append(ids, id)
 		inTotal, outTotal := l.in.tokens, l.out.tokens
 		var keys []string
@@ -260,7 +260,7 @@ func TestRollupsEqualTheLogsTheyReplace(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(t)
-	names := partitiontest.Replace(t, pool, jan, feb, mar, apr)
+	names := retentiontest.Replace(t, pool, jan, feb, mar, apr)
 	seedMeters(t, pool)
 	tenants := newTenants(t, pool, 3)
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -281,7 +281,7 @@ func TestRollupsEqualTheLogsTheyReplace(t *testing.T) {
 		case 1:
 			l.others = []line{{"cache_m", 30, 0}, {"reason_m", 40, 40}}
 		case 2: // a correction giving tokens back
-			orig := partitiontest.ID(ingest)
+			orig := retentiontest.ID(ingest)
 			l.corrects = &orig
 			l.in, l.out = line{"input", -in, -in / 2}, line{"output", -out, 0}
 			l.others = []line{{"reason_m", -20, -20}}
@@ -381,7 +381,7 @@ func TestRetentionKeepsWhatMayNotGo(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			pool, _ := pgtest.NewPool(t)
-			names := partitiontest.Replace(t, pool, jan, feb, mar, apr)
+			names := retentiontest.Replace(t, pool, jan, feb, mar, apr)
 			tn := newTenants(t, pool, 1)[0]
 			if c.name == "open period" {
 				if _, err := pool.Exec(ctx, `INSERT INTO tenant_subscriptions (tenant_id, stripe_subscription_id, status, current_period_start, current_period_end, event_created)
@@ -451,7 +451,7 @@ func TestRetentionKeepsWhatMayNotGo(t *testing.T) {
 func TestRetentionZeroKeepsEverything(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewPool(t)
-	names := partitiontest.Replace(t, pool, jan, feb)
+	names := retentiontest.Replace(t, pool, jan, feb)
 	res := run(t, pool, retention.Config{Retention: 0}, false)
 	if d := decisionOf(t, res, names[0]); d.Action != retention.ActionKept || d.Reason != "USAGE_LOG_RETENTION=0 keeps every log" {
 		t.Errorf("%s: %s (%s)", names[0], d.Action, d.Reason)
@@ -468,7 +468,7 @@ func TestRetentionResumesAnInterruptedDrop(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(t)
-	names := partitiontest.Replace(t, pool, jan, feb)
+	names := retentiontest.Replace(t, pool, jan, feb)
 	tn := newTenants(t, pool, 1)[0]
 	seed(t, pool, seedLog{tenant: tn, ingest: jan.Add(time.Hour), ts: jan, model: "m", status: "billed", in: line{"input", 10, 10}})
 	ps, err := usagelog.Partitions(ctx, pool)

@@ -264,7 +264,7 @@ func billedQuery(f billedFilter) string {
 				('output', u.overage_output_tokens, u.output_report_lead)) AS d (dim, o, lead)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
 				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
-				AND u.id >= ` + WatermarkSQL + `
+				AND ` + aboveWatermarkSQL("u.id") + `
 				AND ` + NotIn("u.billing_status", overage.BillingStatusNotBillable)
 	q += f.where(5)
 	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
@@ -309,7 +309,7 @@ func billedOnMetersQuery(f billedFilter) string {
 			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
 			CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage, u.meter_leads) AS x (k, o, l)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $3) AND u.ts < $2
-				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported') AND u.id >= ` + WatermarkSQL + `
+				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported') AND ` + aboveWatermarkSQL("u.id") + `
 				AND u.meter_keys IS NOT NULL AND ` + Is("u.billing_status", overage.BillingStatusBilled)
 	q += f.where(4)
 	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')

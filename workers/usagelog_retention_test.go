@@ -8,8 +8,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/overage-billing/overage/internal/testkit/partitiontest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
+	"github.com/overage-billing/overage/internal/testkit/retentiontest"
 	"github.com/overage-billing/overage/retention"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/usagelog"
@@ -24,7 +24,7 @@ func TestWorkRunsRetentionPeriodically(t *testing.T) {
 	ctx := context.Background()
 	b := setup(t, emulator.Faults{})
 	jan := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
-	first := partitiontest.Replace(t, b.Pool, jan, jan.AddDate(0, 1, 0))[0]
+	first := retentiontest.Replace(t, b.Pool, jan, jan.AddDate(0, 1, 0))[0]
 	tenant := b.Tenants["cus_a"].ID
 	seedBilledLog(t, b.Pool, tenant, jan.Add(time.Hour))
 	b.Start(t, workers.Config{Retention: retention.DefaultRetention, RetentionInterval: 2 * time.Second})
@@ -61,7 +61,7 @@ func seedBilledLog(t *testing.T, pool *pgxpool.Pool, tenant uuid.UUID, at time.T
 	if _, err := pool.Exec(context.Background(), `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status)
 		VALUES ($1, $2, $3, 'u', 'm', 10, 1, date_trunc('month', $3::timestamptz, 'UTC'), 10, 1, 'billed')`,
-		partitiontest.ID(at), tenant, at); err != nil {
+		retentiontest.ID(at), tenant, at); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/overage-billing/overage/internal/testkit/partitiontest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/retentiontest"
 	"github.com/overage-billing/overage/retention"
 	"github.com/overage-billing/overage/tenants"
 )
@@ -22,7 +22,7 @@ func TestRetentionCommandSaysWhyAndDryRunChangesNothing(t *testing.T) {
 	pool, dbURL := pgtest.NewPool(t)
 	env := map[string]string{"DATABASE_URL": dbURL}
 	jan := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
-	names := partitiontest.Replace(t, pool, jan, jan.AddDate(0, 1, 0), jan.AddDate(0, 2, 0))
+	names := retentiontest.Replace(t, pool, jan, jan.AddDate(0, 1, 0), jan.AddDate(0, 2, 0))
 	tn, err := tenants.NewStore(pool).Create(ctx, tenants.CreateParams{Name: "acme", StripeCustomerID: "cus_ret"})
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +34,7 @@ func TestRetentionCommandSaysWhyAndDryRunChangesNothing(t *testing.T) {
 		if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens,
 				period_start, overage_input_tokens, overage_output_tokens, billing_status)
 			VALUES ($1, $2, $3, 'u', 'm', 10, 1, date_trunc('month', $3::timestamptz, 'UTC'), 10, 1, $4)`,
-			partitiontest.ID(l.at), tn.ID, l.at, l.status); err != nil {
+			retentiontest.ID(l.at), tn.ID, l.at, l.status); err != nil {
 			t.Fatal(err)
 		}
 	}
