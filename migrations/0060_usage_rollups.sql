@@ -19,7 +19,12 @@
 -- read). dropped_at is set once the partition and its reports' partition
 -- are gone; a run interrupted in between finishes the drop.
 --
--- Deployment: two new, empty tables; nothing else is locked.
+-- usage_rollup_report_times: a report goes with its lead (its oldest
+-- member); when the lead's partition is dropped while later members of
+-- the report are kept, the report's timestamp (the day those late members
+-- are billed on) is kept here.
+--
+-- Deployment: new, empty tables; nothing else is locked.
 CREATE TABLE usage_rollups (
     tenant_id          uuid NOT NULL,
     day                date NOT NULL,
@@ -55,3 +60,10 @@ CREATE INDEX usage_rollup_partitions_below ON usage_rollup_partitions (below_id)
 
 COMMENT ON TABLE usage_rollup_partitions IS
     'usage_logs partitions rolled up into usage_rollups; the greatest below_id is the retention watermark';
+
+CREATE TABLE usage_rollup_report_times (
+    lead_usage_log_id uuid NOT NULL,
+    dimension         text NOT NULL,
+    ts                timestamptz NOT NULL,
+    PRIMARY KEY (lead_usage_log_id, dimension)
+);

@@ -524,3 +524,52 @@ func TestParseRetention(t *testing.T) {
 		t.Errorf("FormatRetention(default) = %q", s)
 	}
 }
+
+// A report goes with its lead, its oldest member: a late report whose
+// lead's partition is dropped while a later member is kept still bills
+// that member on the report's day, before and after the drop.
+func TestLateReportSpanningTwoPartitionsKeepsItsDay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	names := retentiontest.Replace(t, pool, jan, feb, mar)
+	tn := newTenants(t, pool, 1)[0]
+	usage := time.Date(2024, 1, 31, 22, 0, 0, 0, time.UTC)
+	reported := time.Date(2024, 2, 3, 12, 0, 0, 0, time.UTC)
+	lead := seed(t, pool, seedLog{tenant: tn, ingest: usage.Add(time.Hour), ts: usage, model: "m", status: "billed",
+		in: line{"input", 10, 10}, reportedAt: &reported})[0]
+	member := retentiontest.ID(feb.Add(time.Hour))
+	if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, ts, user_id, model_id, input_tokens, output_tokens, period_start,
+			overage_input_tokens, overage_output_tokens, billing_status, input_report_lead, stripe_timestamp)
+		VALUES ($1, $2, $3, 'u', 'm', 7, 0, '2024-01-01', 7, 0, 'billed', $4, 'reported')`, member, tn, usage, lead); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE usage_reports SET member_ids = ARRAY[$1::uuid, $2::uuid], value = 17 WHERE lead_usage_log_id = $1`, lead, member); err != nil {
+		t.Fatal(err)
+	}
+	seed(t, pool, seedLog{tenant: tn, ingest: feb.Add(2 * time.Hour), ts: feb, model: "m", status: "pending", in: line{"input", 1, 1}})
+	billed := func() map[usagelog.BilledKey]int64 {
+		s, err := usagelog.Billed(ctx, pool, usagelog.BilledParams{From: jan, End: mar, Cutoff: mar})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[usagelog.BilledKey]int64{}
+		for k, n := range s.Overage {
+			if n != 0 {
+				out[k] = n
+			}
+		}
+		return out
+	}
+	before := billed()
+	if want := (usagelog.BilledKey{Customer: "cus_0", Meter: "input", Day: "2024-02-03"}); before[want] != 17 || len(before) != 1 {
+		t.Fatalf("billed before the drop %v, want 17 on %v only", before, want)
+	}
+	res := run(t, pool, cfg400, false)
+	if decisionOf(t, res, names[0]).Action != retention.ActionDropped || decisionOf(t, res, names[1]).Action != retention.ActionKept {
+		t.Fatalf("want %s dropped and %s kept:%s", names[0], names[1], decisions(res))
+	}
+	if after := billed(); !maps.Equal(after, before) {
+		t.Errorf("billed after the drop %v, before %v", after, before)
+	}
+}

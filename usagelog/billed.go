@@ -171,9 +171,16 @@ func BilledTotals(ctx context.Context, db DB, tenantIDs []uuid.UUID, requestIDPr
 // for a log reported at send time (its period was closed when its report
 // was formed, stripe_timestamp 'reported') the day of its report's
 // timestamp, the one Stripe's event carries.
-const billingDaySQL = `to_char(CASE WHEN u.stripe_timestamp = 'reported' THEN coalesce(
-		(SELECT r.ts FROM usage_reports r WHERE r.lead_usage_log_id = %[1]s AND r.dimension = %[2]s), u.ts) ELSE u.ts END
-	AT TIME ZONE 'UTC', 'YYYY-MM-DD')`
+var billingDaySQL = `to_char(` + billingTimeSQL + ` AT TIME ZONE 'UTC', 'YYYY-MM-DD')`
+
+// billingTimeSQL is the time Stripe bills line (%[1]s lead, %[2]s
+// dimension) of the usage log u at: its usage timestamp, or its report's
+// for a log reported late. A report whose lead's partition retention
+// dropped while a member of it is kept has its timestamp in
+// usage_rollup_report_times (RollUpTx).
+const billingTimeSQL = `CASE WHEN u.stripe_timestamp = 'reported' THEN coalesce(
+		(SELECT r.ts FROM usage_reports r WHERE r.lead_usage_log_id = %[1]s AND r.dimension = %[2]s),
+		(SELECT k.ts FROM usage_rollup_report_times k WHERE k.lead_usage_log_id = %[1]s AND k.dimension = %[2]s), u.ts) ELSE u.ts END`
 
 // billedFilter is the optional part of a billed statement's WHERE: the
 // tenants and the request_id prefix, numbered from first.

@@ -154,6 +154,14 @@ func RollUpTx(ctx context.Context, tx pgx.Tx, r RollUp) error {
 	var reports *string
 	if r.ReportsPartition != "" {
 		reports = &r.ReportsPartition
+		// A report goes with its lead, its oldest member: members of it
+		// may be in later partitions, still kept, and billed on its day.
+		if _, err := tx.Exec(ctx, `INSERT INTO usage_rollup_report_times (lead_usage_log_id, dimension, ts)
+			SELECT r.lead_usage_log_id, r.dimension, r.ts FROM `+pgx.Identifier{r.ReportsPartition}.Sanitize()+` r
+			WHERE EXISTS (SELECT FROM unnest(r.member_ids) AS m (id) WHERE m.id >= $1)
+			ON CONFLICT DO NOTHING`, r.Below); err != nil {
+			return fmt.Errorf("keep the times of the reports of %s with later members: %w", r.ReportsPartition, err)
+		}
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO usage_rollup_partitions (partition, reports_partition, below_id, below_at, logs)
 		VALUES ($1, $2, $3, $4, $5)`, r.Partition, reports, r.Below, r.BelowAt, r.Logs); err != nil {
@@ -179,8 +187,9 @@ var outputTypesSQL = func() string {
 // its view shows (overage.Catalog.Present): the default meters' with
 // their dimension's tokens less the other meters' of that dimension (the
 // meters catalog gives each its token type) and their own overage, then
-// the other meters'. The billing day is Billed's (billingDaySQL): the
-// report is looked up on usage_reports, whichever partition holds it.
+// the other meters'. The billing day is Billed's (billingTimeSQL): the
+// report is looked up on usage_reports, whichever partition holds it, or
+// in usage_rollup_report_times once its lead's partition is gone.
 func rollUpSQL(rel string) string {
 	others := func(output bool) string {
 		not := "NOT "
@@ -196,9 +205,7 @@ func rollUpSQL(rel string) string {
 			count(*), count(*) FILTER (WHERE l.billed), sum(l.tokens), sum(l.overage),
 			coalesce(sum(l.overage) FILTER (WHERE l.billed), 0), coalesce(sum(l.overage) FILTER (WHERE l.billed AND l.late), 0)
 		FROM (SELECT u.tenant_id, (u.ts AT TIME ZONE 'UTC')::date AS day, d.meter, u.model_id,
-				(CASE WHEN u.stripe_timestamp = 'reported' THEN coalesce(
-					(SELECT rp.ts FROM usage_reports rp WHERE rp.lead_usage_log_id = d.lead AND rp.dimension = d.meter), u.ts) ELSE u.ts END
-					AT TIME ZONE 'UTC')::date AS billing_day,
+				(` + fmt.Sprintf(billingTimeSQL, "d.lead", "d.meter") + ` AT TIME ZONE 'UTC')::date AS billing_day,
 				d.tokens, d.overage,
 				` + Is("u.billing_status", overage.BillingStatusBilled) + ` AS billed,
 				coalesce(u.stripe_timestamp = 'reported', false) AS late
