@@ -596,7 +596,7 @@ func counterRows(t testing.TB, db *pgxpool.Pool) string {
 // per-statement ones on a live table: while its transaction is open,
 // writers wait and readers do not, and afterwards the counters follow
 // multi-row writes exactly. The database is staged at 0019, the schema
-// 0020 ran on (usage_logs became partitioned later, 0057).
+// 0020 ran on (usage_logs became partitioned later, 0058).
 func TestMigrationToStatementTriggersBlocksWritesNotReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

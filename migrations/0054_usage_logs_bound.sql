@@ -1,5 +1,5 @@
 -- Usage logs and their reports move to tables partitioned by month of
--- ingest (0054-0058, on a live system, as 0025-0027 moved idempotency
+-- ingest (0054-0059, on a live system, as 0025-0027 moved idempotency
 -- records), so that a month of logs can later go by dropping its partition.
 --
 -- A usage log's id is a UUIDv7 minted when ingest records it, so a range
@@ -9,13 +9,18 @@
 -- month). The bound of a month is the smallest UUIDv7 of its first instant
 -- (48-bit millisecond timestamp, every other bit zero).
 --
--- Step 1: bound today's tables. `bound` is the start of the month after
--- next (UTC): every id a running ingest (old or new code) mints until
--- well after this upgrade is below it. The constraints are NOT VALID: they
--- hold for new rows at once, without reading the existing ones under this
--- lock (0055 and 0056 validate them without blocking writes). The tables
--- then become the first partitions, for every id below `bound` (0057,
--- 0058).
+-- Each step is a transaction of its own that takes at most one of the two
+-- tables' exclusive locks, for catalogue changes only: a report worker
+-- takes both tables in either order, and a step holding one while waiting
+-- for the other could deadlock with it (measured: bench/partition_move.sh).
+--
+-- Step 1: bound today's usage_logs (0055: usage_reports). `bound` is the
+-- start of the month after next (UTC): every id a running ingest (old or
+-- new code) mints until well after this upgrade is below it. The
+-- constraint is NOT VALID: it holds for new rows at once, without reading
+-- the existing ones under this lock (0056 and 0057 validate them without
+-- blocking writes). The tables then become the first partitions, for
+-- every id below `bound` (0058, 0059).
 SET LOCAL lock_timeout = '10s';
 
 CREATE TABLE overage_usage_logs_bound (bound timestamptz NOT NULL, id uuid NOT NULL);
@@ -28,12 +33,11 @@ DECLARE
     b uuid := (SELECT id FROM overage_usage_logs_bound);
 BEGIN
     EXECUTE format('ALTER TABLE usage_logs ADD CONSTRAINT usage_logs_before_bound CHECK (id < %L::uuid) NOT VALID', b);
-    EXECUTE format('ALTER TABLE usage_reports ADD CONSTRAINT usage_reports_before_bound CHECK (lead_usage_log_id < %L::uuid) NOT VALID', b);
 END
 $$;
 
 -- The lower bound of every partition of usage_logs and usage_reports
--- (-infinity: the first, today's tables once 0057 and 0058 have made them
+-- (-infinity: the first, today's tables once 0058 and 0059 have made them
 -- partitions), kept by the usagelog package in the transaction that
 -- attaches a partition. Ingest reads it in every transaction that records
 -- logs, where reading the catalogue would cost too much: whether a bound

@@ -83,7 +83,7 @@ func checkCounters(t *testing.T, pool *pgxpool.Pool, step string) {
 	}
 }
 
-// Migrations 0054-0058 on a database of the old shape: usage_logs and
+// Migrations 0054-0059 on a database of the old shape: usage_logs and
 // usage_reports become partitioned tables whose first partitions are the
 // old tables, attached without a scan; every log and report is read by its
 // key as before; the counters still equal the sums of the logs, and go on
@@ -108,15 +108,15 @@ func TestUsageLogsPartitionedMigration(t *testing.T) {
 	if err != nil || len(ids) != n {
 		t.Fatalf("%d logs seeded (%v)", len(ids), err)
 	}
-	if _, err := migrations.MigrateUpTo(ctx, pool, nil, 56); err != nil {
+	if _, err := migrations.MigrateUpTo(ctx, pool, nil, 57); err != nil {
 		t.Fatal(err)
 	}
 	// The moves, each as the migrator applies it, PostgreSQL telling what
-	// ATTACH did: with the check validated by 0055 and 0056 it reads no row.
+	// ATTACH did: with the check validated by 0056 and 0057 it reads no row.
 	for _, m := range []struct {
 		version   int
 		partition string
-	}{{57, "usage_logs_legacy"}, {58, "usage_reports_legacy"}} {
+	}{{58, "usage_logs_legacy"}, {59, "usage_reports_legacy"}} {
 		implied := fmt.Sprintf(`partition constraint for table "%s" is implied by existing constraints`, m.partition)
 		if notices := applyWithNotices(t, pool, m.version); !slices.Contains(notices, implied) {
 			t.Errorf("%04d: PostgreSQL did not say %q: ATTACH scanned the table\n%s", m.version, implied, strings.Join(notices, "\n"))
@@ -187,7 +187,7 @@ func TestUsageLogsPartitionedMigration(t *testing.T) {
 }
 
 // The move refuses ids that are not UUIDv7 minted before its bound (a
-// seed script's random UUIDs): 0055 fails saying so, and the table stays
+// seed script's random UUIDs): 0056 fails saying so, and the table stays
 // as it was, unpartitioned, with nothing lost.
 func TestUsageLogsPartitionedMigrationRefusesRandomIDs(t *testing.T) {
 	t.Parallel()
@@ -203,8 +203,8 @@ func TestUsageLogsPartitionedMigrationRefusesRandomIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := migrations.Migrate(ctx, pool, nil)
-	if err == nil || !strings.Contains(err.Error(), "0055") || !strings.Contains(err.Error(), "not UUIDv7") {
-		t.Fatalf("migrate with a random id: %v; want 0055 to refuse it", err)
+	if err == nil || !strings.Contains(err.Error(), "0056") || !strings.Contains(err.Error(), "not UUIDv7") {
+		t.Fatalf("migrate with a random id: %v; want 0056 to refuse it", err)
 	}
 	var kind string
 	var logs int

@@ -33,9 +33,10 @@ const ReplayHorizon = overage.MaxEventAge + overage.MaxFutureSkew + ClaimWindow
 // recorded ReplayHorizon ago (usage_log_partition_bounds; the first
 // partition's is the smallest id). A condition on id, it prunes every
 // older partition when the statement runs, so a request_id costs one
-// index probe in each partition from that one on — two or three months
-// of partitions and those made ahead (Ahead), at most six probes at any
-// table size — and it filters nothing out inside the partitions it keeps:
+// index probe in each partition from that one on — the month of 36 days
+// ago (at most two before the current one) to the Ahead months made ahead,
+// at most five probes at any table size — and it filters nothing out
+// inside the partitions it keeps:
 // a request_id their unique indexes hold is always found, and never
 // inserted twice into one partition.
 var ReplayFloorSQL = fmt.Sprintf(`(SELECT CASE WHEN f.lower IS NULL OR f.lower = '-infinity' THEN '00000000-0000-0000-0000-000000000000'::uuid

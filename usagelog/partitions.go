@@ -13,7 +13,7 @@ import (
 	"github.com/overage-billing/overage"
 )
 
-// Partitions of usage_logs and usage_reports (migrations 0054-0058).
+// Partitions of usage_logs and usage_reports (migrations 0054-0059).
 //
 // usage_logs is partitioned by RANGE (id) and usage_reports by RANGE
 // (lead_usage_log_id), with the same bounds: a usage log's id is a UUIDv7
@@ -22,7 +22,7 @@ import (
 // UTC month, `usage_logs_pYYYYMM` and `usage_reports_pYYYYMM`, its bounds
 // being IDFloor of the months' first instants; the first partitions,
 // `usage_logs_legacy` and `usage_reports_legacy` (the tables as they were
-// before 0057), cover every id below the first month's. Partitions are
+// before 0058), cover every id below the first month's. Partitions are
 // created ahead of time, hourly by `overage work` and at `overage migrate`
 // (EnsurePartitions); dropping them is retention's.
 //

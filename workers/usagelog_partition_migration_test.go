@@ -121,7 +121,7 @@ func (l *moveLoad) count() int {
 	return len(l.ids)
 }
 
-// Migrations 0055-0058 (the bound of 0054 set) move usage_logs and
+// Migrations 0055-0059 (the bound of 0054 set) move usage_logs and
 // usage_reports to partitioned tables on a database of many logs while
 // `serve` (the HTTP API) records single events from four clients and
 // `work` (real workers, the Stripe emulator) bills them: no request fails
@@ -197,8 +197,9 @@ func TestUsageLogsPartitionMoveUnderIngestAndBilling(t *testing.T) {
 	polltest.Until(t, "ingest after the move", 60*time.Second, func() bool { return load.count() >= before+during+200 })
 	close(load.stop)
 	load.wg.Wait()
-	if len(res.Applied) < 4 || res.Applied[0].Version != 55 || res.Applied[3].Version != 58 || len(created) == 0 {
-		t.Fatalf("applied %v, partitions %v; want 0055-0058 and the months ahead", res.Applied, created)
+	// Later migrations (0060 on) may follow the move's.
+	if len(res.Applied) < 5 || res.Applied[0].Version != 55 || res.Applied[4].Version != 59 || len(created) == 0 {
+		t.Fatalf("applied %v, partitions %v; want 0055-0059 and the months ahead", res.Applied, created)
 	}
 	t.Logf("%d logs seeded; the move took %v; %d events recorded, %d during the move; slowest request %v (at %v)",
 		rows, took, len(load.ids), during, load.slowest, load.slowestAt.Format(time.RFC3339Nano))

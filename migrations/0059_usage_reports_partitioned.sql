@@ -1,5 +1,5 @@
--- Step 5 of 0054-0058: usage_reports becomes partitioned by RANGE
--- (lead_usage_log_id), with the same bounds as usage_logs, as 0057 did
+-- Step 6 of 0054-0059: usage_reports becomes partitioned by RANGE
+-- (lead_usage_log_id), with the same bounds as usage_logs, as 0058 did
 -- usage_logs: today's table becomes its partition for every lead below the
 -- bound, in one short transaction of catalogue changes. Its primary key
 -- (lead_usage_log_id, dimension) holds the partition key, so it stays the
@@ -54,7 +54,7 @@ BEGIN
     EXECUTE format('ALTER TABLE usage_reports ATTACH PARTITION usage_reports_legacy FOR VALUES FROM (MINVALUE) TO (%L)', b);
 
     -- The checks and the foreign key once the old table is a partition,
-    -- as 0057: each merges with the partition's own, nothing is read.
+    -- as 0058: each merges with the partition's own, nothing is read.
     FOREACH q IN ARRAY checks LOOP
         EXECUTE q;
     END LOOP;

@@ -1,13 +1,14 @@
--- Step 2 of 0054-0058: check the existing usage logs against the bound.
+-- Step 3 of 0054-0059: check the existing usage logs against the bound.
 -- VALIDATE reads the table under SHARE UPDATE EXCLUSIVE, which lets ingest
--- and the workers read and write meanwhile; the check is what lets 0057
+-- and the workers read and write meanwhile; the check is what lets 0058
 -- attach the table as a partition without reading it again under an
 -- exclusive lock.
 --
 -- Every id ingest ever minted is a UUIDv7 of its time, below the bound. An
 -- id at or above it was not minted by overage (a random UUID, from a seed
 -- script): it could not be placed in a monthly partition, so the upgrade
--- stops here with nothing changed but the NOT VALID check of 0054.
+-- stops here with nothing changed but the NOT VALID checks of 0054 and
+-- 0055.
 DO $$
 BEGIN
     ALTER TABLE usage_logs VALIDATE CONSTRAINT usage_logs_before_bound;

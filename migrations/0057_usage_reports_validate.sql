@@ -1,5 +1,5 @@
--- Step 3 of 0054-0058: check the existing reports against the bound, as
--- 0055 does the logs (a report's lead is one of its logs' ids).
+-- Step 4 of 0054-0059: check the existing reports against the bound, as
+-- 0056 does the logs (a report's lead is one of its logs' ids).
 DO $$
 BEGIN
     ALTER TABLE usage_reports VALIDATE CONSTRAINT usage_reports_before_bound;

@@ -1,7 +1,7 @@
--- Step 4 of 0054-0058: the partitioned usage_logs takes the name, today's
+-- Step 5 of 0054-0059: the partitioned usage_logs takes the name, today's
 -- table becomes its partition for every id below the bound, in one short
 -- transaction (renames and catalogue changes only: nothing is read or
--- copied; the check validated by 0055 spares ATTACH its scan). A statement
+-- copied; the check validated by 0056 spares ATTACH its scan). A statement
 -- prepared by a running ingest or worker resolves the name again and goes
 -- on against the new table.
 --
