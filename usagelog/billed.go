@@ -123,18 +123,24 @@ func billedOnRollups(ctx context.Context, db DB, p BilledParams, s *BilledSums) 
 	if err != nil {
 		return fmt.Errorf("read billed overage of rollups: %w", err)
 	}
+	return s.addRows(rows, "rollups")
+}
+
+// addRows adds rows of (customer, day, meter, billed, late) to s, what
+// naming them in an error.
+func (s *BilledSums) addRows(rows pgx.Rows, what string) error {
 	defer rows.Close()
 	for rows.Next() {
 		var k BilledKey
 		var n, l int64
 		if err := rows.Scan(&k.Customer, &k.Day, &k.Meter, &n, &l); err != nil {
-			return fmt.Errorf("read billed overage of rollups: %w", err)
+			return fmt.Errorf("read billed overage of %s: %w", what, err)
 		}
 		s.Overage[k] += n
 		s.Late[k] += l
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read billed overage of rollups: %w", err)
+		return fmt.Errorf("read billed overage of %s: %w", what, err)
 	}
 	return nil
 }
@@ -290,20 +296,7 @@ func billedOnMeters(ctx context.Context, db DB, p BilledParams, s *BilledSums) e
 	if err != nil {
 		return fmt.Errorf("read billed overage of meters: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var k BilledKey
-		var n, l int64
-		if err := rows.Scan(&k.Customer, &k.Day, &k.Meter, &n, &l); err != nil {
-			return fmt.Errorf("read billed overage of meters: %w", err)
-		}
-		s.Overage[k] += n
-		s.Late[k] += l
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read billed overage of meters: %w", err)
-	}
-	return nil
+	return s.addRows(rows, "meters")
 }
 
 // billedOnMetersQuery sums the billed overage of the other meters per
