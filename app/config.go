@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/retention"
 )
 
 // The configuration is typed per role: each type reads exactly the
@@ -250,6 +251,8 @@ type WorkConfig struct {
 	BatchMax          int
 	StreamIdleTimeout time.Duration
 	PeriodCloseGrace  time.Duration
+	// Retention is USAGE_LOG_RETENTION: the daily retention run's.
+	Retention time.Duration
 }
 
 // Read fills c from getenv (see Read).
@@ -270,6 +273,23 @@ func (c *WorkConfig) read(e *env) {
 	c.JobTimeout = e.duration("REPORT_JOB_TIMEOUT")
 	c.BatchMax = e.count("REPORT_BATCH_MAX")
 	c.StreamIdleTimeout = e.duration("STREAM_IDLE_TIMEOUT")
+	c.PeriodCloseGrace = e.duration("PERIOD_CLOSE_GRACE")
+	c.Retention = e.retention()
+}
+
+// RetentionConfig is `overage retention`'s: how long raw usage logs are
+// kept (USAGE_LOG_RETENTION, 0 for ever) and when a period is closed
+// (PERIOD_CLOSE_GRACE).
+type RetentionConfig struct {
+	Retention        time.Duration
+	PeriodCloseGrace time.Duration
+}
+
+// Read fills c from getenv (see Read).
+func (c *RetentionConfig) Read(getenv func(string) string) error { return Read(getenv, c) }
+
+func (c *RetentionConfig) read(e *env) {
+	c.Retention = e.retention()
 	c.PeriodCloseGrace = e.duration("PERIOD_CLOSE_GRACE")
 }
 
@@ -337,6 +357,11 @@ func (e *env) str(name string) string {
 }
 
 func (e *env) duration(name string) time.Duration { return value(e, name, positiveDuration) }
+
+// retention is USAGE_LOG_RETENTION: days ("400d"), a Go duration, or 0.
+func (e *env) retention() time.Duration {
+	return value(e, "USAGE_LOG_RETENTION", retention.ParseRetention)
+}
 
 func (e *env) count(name string) int {
 	return value(e, name, func(v string) (int, error) {

@@ -8,6 +8,7 @@ import (
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/retention"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/workers"
 )
@@ -53,6 +54,7 @@ var vars = []Var{
 	{"TENANT_MAX_INFLIGHT", strconv.Itoa(ingest.DefaultTenantMaxInflight)},
 	{"STREAM_IDLE_TIMEOUT", durationText(workers.DefaultStreamIdleTimeout)},
 	{"INGEST_COALESCE", strconv.Itoa(ingest.DefaultGroupsInFlight)},
+	{"USAGE_LOG_RETENTION", retention.FormatRetention(retention.DefaultRetention)},
 	{"LOG_LEVEL", "info"},
 }
 

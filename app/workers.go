@@ -157,5 +157,6 @@ func WorkersConfig(cfg *WorkConfig, logger *slog.Logger, stripe stripeclient.Sen
 		BatchMax:          cfg.BatchMax,
 		StreamIdleTimeout: cfg.StreamIdleTimeout,
 		PeriodCloseGrace:  cfg.PeriodCloseGrace,
+		Retention:         cfg.Retention,
 	}
 }

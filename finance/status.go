@@ -392,7 +392,7 @@ func scanStatement(rows pgx.Rows) (*Statement, error) {
 }
 
 // rebuildSQL is also the backfill of migrations/0002_finance.sql.
-const rebuildSQL = `INSERT INTO billing_counters (tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens)
+var rebuildSQL = `INSERT INTO billing_counters (tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens)
 ` + usagelog.CountersSQL
 
 // RebuildCounters recomputes billing_counters from usage_logs in one

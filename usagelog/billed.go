@@ -72,10 +72,16 @@ const lateReach = overage.MaxEventAge + 24*time.Hour
 // Billed sums the billed overage per (customer, meter, billing day) over
 // the days [p.From, p.End) and flags the (customer, day) pairs with
 // billing activity after p.Cutoff. Each statement reads the days asked
-// through usage_logs_ts, not the whole table (see rangeSettingsSQL); on a
-// pool each runs in a read-only transaction of its own.
+// through usage_logs_ts, not the whole table (see rangeSettingsSQL); the
+// logs below the retention watermark are read from usage_rollups instead.
+// On a pool they all run in one read-only snapshot (rangeDB).
 func Billed(ctx context.Context, db DB, p BilledParams) (*BilledSums, error) {
 	s := &BilledSums{Overage: map[BilledKey]int64{}, Late: map[BilledKey]int64{}, Active: map[CustomerDay]bool{}}
+	db, done, err := rangeDB(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if err := billedOnDefaults(ctx, db, p, s); err != nil {
 		return nil, err
 	}
@@ -84,7 +90,59 @@ func Billed(ctx context.Context, db DB, p BilledParams) (*BilledSums, error) {
 			return nil, err
 		}
 	}
+	if err := billedOnRollups(ctx, db, p, s); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// billedOnRollups adds to s the billed overage of the logs below the
+// retention watermark, from usage_rollups (their partitions are dropped,
+// or about to be: the log statements skip them). Rollups keep no
+// request_id, so a sum limited to a request_id prefix has none; and no
+// activity, the logs being long billed. As for the logs, a key comes from
+// billed logs only (not_billable ones are never sent).
+func billedOnRollups(ctx context.Context, db DB, p BilledParams, s *BilledSums) error {
+	if p.RequestIDPrefix != "" {
+		return nil
+	}
+	q := `SELECT t.stripe_customer_id, to_char(r.billing_day, 'YYYY-MM-DD'), r.meter,
+			sum(r.billed_tokens)::bigint, sum(r.late_billed_tokens)::bigint
+		FROM usage_rollups r JOIN tenants t ON t.id = r.tenant_id
+		WHERE r.billing_day >= ($1::timestamptz AT TIME ZONE 'UTC')::date AND r.billing_day < ($2::timestamptz AT TIME ZONE 'UTC')::date
+			AND r.billed_logs > 0`
+	args := []any{p.From, p.End}
+	if !p.Meters {
+		q += ` AND r.meter IN ('input', 'output')`
+	}
+	if p.TenantIDs != nil {
+		q += ` AND r.tenant_id = ANY($3)`
+		args = append(args, p.TenantIDs)
+	}
+	rows, err := db.Query(ctx, q+` GROUP BY 1, 2, 3`, args...)
+	if err != nil {
+		return fmt.Errorf("read billed overage of rollups: %w", err)
+	}
+	return s.addRows(rows, "rollups")
+}
+
+// addRows adds rows of (customer, day, meter, billed, late) to s, what
+// naming them in an error.
+func (s *BilledSums) addRows(rows pgx.Rows, what string) error {
+	defer rows.Close()
+	for rows.Next() {
+		var k BilledKey
+		var n, l int64
+		if err := rows.Scan(&k.Customer, &k.Day, &k.Meter, &n, &l); err != nil {
+			return fmt.Errorf("read billed overage of %s: %w", what, err)
+		}
+		s.Overage[k] += n
+		s.Late[k] += l
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read billed overage of %s: %w", what, err)
+	}
+	return nil
 }
 
 // CustomerMeter is a Stripe customer and a meter key.
@@ -119,9 +177,16 @@ func BilledTotals(ctx context.Context, db DB, tenantIDs []uuid.UUID, requestIDPr
 // for a log reported at send time (its period was closed when its report
 // was formed, stripe_timestamp 'reported') the day of its report's
 // timestamp, the one Stripe's event carries.
-const billingDaySQL = `to_char(CASE WHEN u.stripe_timestamp = 'reported' THEN coalesce(
-		(SELECT r.ts FROM usage_reports r WHERE r.lead_usage_log_id = %[1]s AND r.dimension = %[2]s), u.ts) ELSE u.ts END
-	AT TIME ZONE 'UTC', 'YYYY-MM-DD')`
+var billingDaySQL = `to_char(` + billingTimeSQL + ` AT TIME ZONE 'UTC', 'YYYY-MM-DD')`
+
+// billingTimeSQL is the time Stripe bills line (%[1]s lead, %[2]s
+// dimension) of the usage log u at: its usage timestamp, or its report's
+// for a log reported late. A report whose lead's partition retention
+// dropped while a member of it is kept has its timestamp in
+// usage_rollup_report_times (RollUpTx).
+const billingTimeSQL = `CASE WHEN u.stripe_timestamp = 'reported' THEN coalesce(
+		(SELECT r.ts FROM usage_reports r WHERE r.lead_usage_log_id = %[1]s AND r.dimension = %[2]s),
+		(SELECT k.ts FROM usage_rollup_report_times k WHERE k.lead_usage_log_id = %[1]s AND k.dimension = %[2]s), u.ts) ELSE u.ts END`
 
 // billedFilter is the optional part of a billed statement's WHERE: the
 // tenants and the request_id prefix, numbered from first.
@@ -168,11 +233,6 @@ func billedOnDefaults(ctx context.Context, db DB, p BilledParams, s *BilledSums)
 	// towards the sums. greatest() ignores NULLs.
 	f := filterOf(p)
 	args := append([]any{p.From, p.End, p.Cutoff, lateReach.Seconds()}, f.args(p)...)
-	db, done, err := rangeDB(ctx, db)
-	if err != nil {
-		return err
-	}
-	defer done()
 	rows, err := db.Query(ctx, billedQuery(f), args...)
 	if err != nil {
 		return fmt.Errorf("read billed overage: %w", err)
@@ -217,6 +277,7 @@ func billedQuery(f billedFilter) string {
 				('output', u.overage_output_tokens, u.output_report_lead)) AS d (dim, o, lead)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
 				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
+				AND ` + aboveWatermarkSQL("u.id") + `
 				AND ` + NotIn("u.billing_status", overage.BillingStatusNotBillable)
 	q += f.where(5)
 	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
@@ -231,29 +292,11 @@ func billedQuery(f billedFilter) string {
 func billedOnMeters(ctx context.Context, db DB, p BilledParams, s *BilledSums) error {
 	f := filterOf(p)
 	args := append([]any{p.From, p.End, lateReach.Seconds()}, f.args(p)...)
-	db, done, err := rangeDB(ctx, db)
-	if err != nil {
-		return err
-	}
-	defer done()
 	rows, err := db.Query(ctx, billedOnMetersQuery(f), args...)
 	if err != nil {
 		return fmt.Errorf("read billed overage of meters: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var k BilledKey
-		var n, l int64
-		if err := rows.Scan(&k.Customer, &k.Day, &k.Meter, &n, &l); err != nil {
-			return fmt.Errorf("read billed overage of meters: %w", err)
-		}
-		s.Overage[k] += n
-		s.Late[k] += l
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read billed overage of meters: %w", err)
-	}
-	return nil
+	return s.addRows(rows, "meters")
 }
 
 // billedOnMetersQuery sums the billed overage of the other meters per
@@ -266,7 +309,7 @@ func billedOnMetersQuery(f billedFilter) string {
 			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
 			CROSS JOIN LATERAL unnest(u.meter_keys, u.meter_overage, u.meter_leads) AS x (k, o, l)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $3) AND u.ts < $2
-				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
+				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported') AND ` + aboveWatermarkSQL("u.id") + `
 				AND u.meter_keys IS NOT NULL AND ` + Is("u.billing_status", overage.BillingStatusBilled)
 	q += f.where(4)
 	return q + `) b WHERE day >= to_char($1::timestamptz AT TIME ZONE 'UTC', 'YYYY-MM-DD')
@@ -284,8 +327,11 @@ func billedOnMetersQuery(f billedFilter) string {
 const rangeSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true),
 	set_config('jit', 'off', true)`
 
-// rangeDB returns a read-only transaction of db opened by rangeSettingsSQL
-// when db can begin one (a pool), else db as it is, and what ends it.
+// rangeDB returns a read-only, repeatable-read transaction of db opened
+// by rangeSettingsSQL when db can begin one (a pool), else db as it is,
+// and what ends it. Billed's statements share it: the logs above the
+// watermark and the rollups below it are read in one snapshot, so a
+// retention run committing between them cannot count a log twice.
 func rangeDB(ctx context.Context, db DB) (DB, func(), error) {
 	b, ok := db.(interface {
 		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
@@ -293,7 +339,7 @@ func rangeDB(ctx context.Context, db DB) (DB, func(), error) {
 	if !ok {
 		return db, func() {}, nil
 	}
-	tx, err := b.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	tx, err := b.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, nil, fmt.Errorf("read billed overage: %w", err)
 	}

@@ -145,8 +145,18 @@ func OldestPendingSQL(tenant string) string {
 // logs, per tenant and status (tenant_id, billing_status, usage_logs,
 // overage_input_tokens, overage_output_tokens): finance rebuilds its
 // counters with it, after LockWrites.
-const CountersSQL = `SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens)
-FROM usage_logs
+//
+// The logs below the retention watermark are counted from usage_rollups
+// (RolledUpCountersSQL), those at or above it from usage_logs: one
+// snapshot counts each log once, before, during and after a partition's
+// drop (which fires no trigger, so the live counters keep counting the
+// dropped logs as this does).
+var CountersSQL = `SELECT tenant_id, billing_status, sum(n)::bigint, sum(i)::bigint, sum(o)::bigint FROM (
+	SELECT tenant_id, billing_status, count(*) AS n, sum(overage_input_tokens) AS i, sum(overage_output_tokens) AS o
+	FROM usage_logs WHERE ` + aboveWatermarkSQL("id") + `
+	GROUP BY tenant_id, billing_status
+	UNION ALL
+	` + RolledUpCountersSQL + `) c
 GROUP BY tenant_id, billing_status`
 
 // LockWrites locks usage_logs in tx against every write until tx ends

@@ -197,7 +197,8 @@ func TestUsageLogsPartitionMoveUnderIngestAndBilling(t *testing.T) {
 	polltest.Until(t, "ingest after the move", 60*time.Second, func() bool { return load.count() >= before+during+200 })
 	close(load.stop)
 	load.wg.Wait()
-	if len(res.Applied) != 5 || res.Applied[0].Version != 55 || res.Applied[4].Version != 59 || len(created) == 0 {
+	// Later migrations (0060 on) may follow the move's.
+	if len(res.Applied) < 5 || res.Applied[0].Version != 55 || res.Applied[4].Version != 59 || len(created) == 0 {
 		t.Fatalf("applied %v, partitions %v; want 0055-0059 and the months ahead", res.Applied, created)
 	}
 	t.Logf("%d logs seeded; the move took %v; %d events recorded, %d during the move; slowest request %v (at %v)",

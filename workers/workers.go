@@ -16,6 +16,7 @@ import (
 	"github.com/overage-billing/overage/alerts"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
+	"github.com/overage-billing/overage/retention"
 	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -65,6 +66,11 @@ type Config struct {
 	// PeriodCloseGrace is PERIOD_CLOSE_GRACE: a report of logs whose
 	// period is closed when it is formed carries the formation time.
 	PeriodCloseGrace time.Duration
+	// Retention is USAGE_LOG_RETENTION; unlike the other fields its zero
+	// is no default but the variable's own 0: every log is kept (the
+	// binary passes the table's 400d). The retention run is every
+	// RetentionInterval (DefaultRetentionInterval).
+	Retention, RetentionInterval time.Duration
 	// Alerts configures the delivery of threshold events; AlertWorkers is
 	// how many run at once in this process (alerts.DefaultWorkers).
 	Alerts       alerts.DeliverConfig
@@ -92,6 +98,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	}
 	if err := river.AddWorkerSafely(ws, &UsageLogPartitioner{pool: pool, logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("add usage log partitioner: %w", err)
+	}
+	if err := river.AddWorkerSafely(ws, &UsageLogRetention{pool: pool, logger: cfg.Logger,
+		cfg: retention.Config{Retention: cfg.Retention, CloseGrace: cfg.PeriodCloseGrace, Logger: cfg.Logger}}); err != nil {
+		return nil, fmt.Errorf("add usage log retention: %w", err)
 	}
 	if err := river.AddWorkerSafely(ws, &ReportWorker{
 		pool: pool, store: store, stripe: cfg.Stripe, guard: guard, logger: cfg.Logger, jobTimeout: cfg.JobTimeout, batchMax: cfg.BatchMax,
@@ -153,6 +163,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.ReapInterval),
 				func() (river.JobArgs, *river.InsertOpts) { return outbox.UsageLogPartitionsArgs{}, nil },
 				&river.PeriodicJobOpts{ID: "usage_log_partitions", RunOnStart: true}),
+			retentionJob(cfg.RetentionInterval),
 			streamCloser,
 		},
 	})
@@ -212,6 +223,7 @@ func (cfg Config) withDefaults() Config {
 	}
 	def(&cfg.StreamIdleTimeout, DefaultStreamIdleTimeout)
 	def(&cfg.ReapInterval, 10*time.Minute)
+	def(&cfg.RetentionInterval, DefaultRetentionInterval)
 	def(&cfg.StopTimeout, 20*time.Second)
 	def(&cfg.IdempotencyWindow, overage.StripeIdempotencyWindow)
 	def(&cfg.SweepInterval, DefaultSweepInterval)

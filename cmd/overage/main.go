@@ -36,6 +36,7 @@ Usage:
   overage reconcile ...           compare what the database billed with what Stripe holds
   overage review list|resolve     logs that must not be resent automatically, and an operator's decision
   overage correct ID ...          record a correction of a usage log (the corrected totals and why)
+  overage retention [--dry-run]   which raw usage logs are kept, rolled up or dropped, and why (--json)
   overage version                 the module version and commit this binary was built from
 
 Configuration comes from the environment (see README.md); flags override it.
@@ -215,6 +216,8 @@ func dispatch(ctx context.Context, args []string, e env) error {
 		return cmdStatus(ctx, e, args[1:])
 	case "correct":
 		return cmdCorrect(ctx, e, args[1:])
+	case "retention":
+		return cmdRetention(ctx, e, args[1:])
 	default:
 		err := fmt.Errorf("unknown command %q", args[0])
 		if near := nearest(args[0], commands); near != "" {
@@ -225,7 +228,7 @@ func dispatch(ctx context.Context, args []string, e env) error {
 }
 
 // commands are the binary's commands, for "did you mean".
-var commands = []string{"migrate", "serve", "work", "tenant", "meter", "dev", "reconcile", "review", "status", "correct", "version"}
+var commands = []string{"migrate", "serve", "work", "tenant", "meter", "dev", "reconcile", "review", "status", "correct", "retention", "version"}
 
 // nearest is the candidate a mistyped word most likely meant: the one it
 // is a prefix of, else the one within two edits; "" when none is close.

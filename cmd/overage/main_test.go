@@ -85,10 +85,13 @@ func TestEachCommandReadsItsOwnSettings(t *testing.T) {
 		{[]string{"meter", "list"}, "", "REPORT_MAX_ATTEMPTS"},
 		{[]string{"migrate"}, "", "LOG_LEVEL"},
 		{[]string{"reconcile", "--from", "2026-01-01", "--to", "2026-01-02"}, "LOG_LEVEL", "REPORT_BATCH_DELAY"},
+		{[]string{"retention", "--dry-run"}, "USAGE_LOG_RETENTION", "SWEEP_GRACE"},
+		{[]string{"retention"}, "PERIOD_CLOSE_GRACE", "STRIPE_API_BASE"},
+		{[]string{"work"}, "USAGE_LOG_RETENTION", "INGEST_COALESCE"},
 	} {
 		malformed := map[string]string{"TENANT_MAX_INFLIGHT": "eight", "SWEEP_GRACE": "ten minutes", "REPORT_BATCH_DELAY": "a second",
 			"REPORT_WORKERS": "-1", "INGEST_COALESCE": "-1", "PERIOD_CLOSE_GRACE": "an hour", "STRIPE_IDEMPOTENCY_WINDOW": "48h",
-			"STRIPE_API_BASE": "localhost", "LOG_LEVEL": "loud", "REPORT_MAX_ATTEMPTS": "five"}
+			"STRIPE_API_BASE": "localhost", "LOG_LEVEL": "loud", "REPORT_MAX_ATTEMPTS": "five", "USAGE_LOG_RETENTION": "a year"}
 		base := map[string]string{"DATABASE_URL": deadDB, "LISTEN_ADDR": "127.0.0.1:0", "STRIPE_SECRET_KEY": "sk_test_x"}
 		with := func(name string) map[string]string {
 			env := map[string]string{name: malformed[name]}
@@ -122,6 +125,7 @@ func TestHelpListsTheVariablesACommandReads(t *testing.T) {
 		{[]string{"work", "--help"}, "PERIOD_CLOSE_GRACE", "TENANT_MAX_INFLIGHT"},
 		{[]string{"work", "--help"}, "REPORT_BATCH_DELAY", "ADMIN_TOKEN"},
 		{[]string{"tenant", "list", "--help"}, "DATABASE_URL", "REPORT_BATCH_DELAY"},
+		{[]string{"retention", "--help"}, "USAGE_LOG_RETENTION", "REPORT_BATCH_DELAY"},
 	} {
 		out, _, err := runCmd(t, nil, tc.args...)
 		_, vars, _ := strings.Cut(out, "\nEnvironment")
