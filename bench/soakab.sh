@@ -12,9 +12,11 @@
 #              SETUP_<name>  SQL run after migrate;
 #              BIN_<name>    the overage binary (default bin/overage).
 #   ORDER      the bursts ("fresh aged aged fresh"), BURST seconds each (20).
-# Per burst: events/s, p99, WAL bytes and full-page images an event (the
-# whole server's, pg_stat_wal), CPU µs an event of serve and of the
-# database's backends.
+# Per burst: events/s, p99; this database's WAL bytes and full-page images
+# an event, and the three relations with most images (pg_walinspect); the
+# blocks its backends read into shared buffers an event (not found there);
+# the whole server's WAL and images an event (pg_stat_wal); CPU µs an
+# event of serve and of the database's backends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DB=${DB:-overage_ab}
@@ -24,7 +26,7 @@ BURST=${BURST:-20}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
 go build -o bin/ingestload ./bench/ingestload
-[ -x ./bin/overage ] || go build -o bin/overage ./cmd/overage
+go build -o bin/overage ./cmd/overage
 declare -A SERVE ADDR
 # The WAL of a burst is kept for pg_walinspect by a temporary replication
 # slot of a session that sleeps through it (at most 300 s, and ended after
@@ -92,13 +94,16 @@ for v in $ORDER; do
   psql -q "$url" -c CHECKPOINT
   slot
   read -r n0 <<<"$(psql -qtA "$url" -c "SELECT count(*) FROM idempotency_keys")"
+  read -r r0 <<<"$(psql -qtA "$url" -c "SELECT blks_read FROM pg_stat_database WHERE datname = current_database()")"
   read -r w0 f0 l0 <<<"$(wal)"; read -r s0 b0 <<<"$(cpu ${SERVE[$v]} ${DB}_$v)"
   ./bin/ingestload -url "http://${ADDR[$v]}" -duration "${BURST}s" -clients 32 -tenants 1 2>/dev/null > "/tmp/${DB}_$v.json" || true
   read -r w1 f1 l1 <<<"$(wal)"
   read -r s1 b1 <<<"$(cpu ${SERVE[$v]} ${DB}_$v)"
+  sleep 1 # the backends' block counts reach pg_stat_database when they go idle
+  read -r r1 <<<"$(psql -qtA "$url" -c "SELECT blks_read FROM pg_stat_database WHERE datname = current_database()")"
   read -r dw df dper <<<"$(fpi "$url" "$l0" "$l1")"
   unslot
-  python3 - "$v" "/tmp/${DB}_$v.json" "$n0" "$w0" "$w1" "$f0" "$f1" "$s0" "$s1" "$b0" "$b1" "$(cut -d' ' -f1 /proc/loadavg)" "${dw:-0}" "${df:-0}" "${dper:--}" <<'PY'
+  python3 - "$v" "/tmp/${DB}_$v.json" "$n0" "$w0" "$w1" "$f0" "$f1" "$s0" "$s1" "$b0" "$b1" "$(cut -d' ' -f1 /proc/loadavg)" "${dw:-0}" "${df:-0}" "${dper:--}" "$r0" "$r1" <<'PY'
 import json, sys
 v, f = sys.argv[1], sys.argv[2]
 n0, w0, w1, f0, f1 = map(int, sys.argv[3:8])
@@ -108,6 +113,7 @@ n = max(r["events"], 1)
 dw, df = int(sys.argv[13] or 0), int(sys.argv[14] or 0)
 print(f"{v:<10} keys before {n0:>9}  events/s {r['events_per_s']:6.0f}  p99 {r['p99_ms']:6.1f} ms"
       f"  this database: WAL/event {dw / n:5.0f} B  FPI/event {df / n:5.3f} ({sys.argv[15]})"
+      f"  blocks read into shared buffers/event {(int(sys.argv[17]) - int(sys.argv[16])) / n:5.2f}"
       f"  server: WAL/event {(w1 - w0) / n:5.0f} B  FPI/event {(f1 - f0) / n:5.2f}"
       f"  CPU/event serve {(s1 - s0) / n * 1e6:4.0f} µs backends {(b1 - b0) / n * 1e6:4.0f} µs  load {sys.argv[12]}")
 PY
