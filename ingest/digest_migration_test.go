@@ -10,14 +10,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/riverqueue/river"
-	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/idempotency"
-	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/migrations"
-	"github.com/overage-billing/overage/outbox"
 )
 
 // Migration 0032 (the partitions' unique index on the digest of tenant and
@@ -87,36 +84,8 @@ func TestTenantDigestMigrationUnderIngest(t *testing.T) {
 	}
 	before := uniques()
 
-	tenant := uuid.New()
-	if _, err := pool.Exec(ctx, `INSERT INTO tenants (id, name, stripe_customer_id) VALUES ($1, 'alice', 'cus_alice')`, tenant); err != nil {
-		t.Fatal(err)
-	}
-	const seeded = 100_000
-	if _, err := pool.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
-		SELECT $1, 'old-' || g, convert_to('old-' || g, 'UTF8'), 202, '\x7b7d', now() + interval '23 hours'
-		FROM generate_series(1, $2::int) g`, tenant, seeded); err != nil {
-		t.Fatal(err)
-	}
-	rc, err := river.NewClient(riverpgxv5.New(pool), &river.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := ingest.NewService(pool, outbox.NewInserter(rc, 5))
-	record := func(key string) (*ingest.Outcome, error) {
-		ev := &ingest.Event{UserID: "u", ModelID: "m", InputTokens: 1, OutputTokens: 1, Timestamp: time.Now().UTC().Truncate(time.Microsecond)}
-		return svc.Record(ctx, ingest.RecordParams{TenantID: tenant, Key: key, Fingerprint: []byte(key), Event: ev})
-	}
-
-	load := startEventLoad(8, "live", 30*time.Second, record)
-	waitFor(t, "ingest before the migration", func() bool { return load.recorded(t) >= 300 })
-	n0 := load.recorded(t)
-	res, err := migrations.Migrate(ctx, pool, nil)
-	if err != nil {
-		t.Fatalf("migrate under ingest: %v", err)
-	}
-	during := load.recorded(t) - n0
-	waitFor(t, "ingest after the migration", func() bool { return load.recorded(t) >= n0+during+300 })
-	keys := load.finish(t)
+	run := migrateUnderIngest(t, pool)
+	res := run.res
 	if len(res.Applied) != 1 || res.Applied[0].Version != 32 {
 		t.Fatalf("migrate applied %+v, want 0032 alone", res.Applied)
 	}
@@ -138,37 +107,31 @@ func TestTenantDigestMigrationUnderIngest(t *testing.T) {
 			t.Fatalf("empty partition %s has unique indexes %v, want the digest of tenant and key alone", part, defs)
 		}
 	}
-	var records, distinct, logs int
-	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT idempotency_key) FROM idempotency_keys WHERE idempotency_key LIKE 'live-%'`).Scan(&records, &distinct); err != nil {
-		t.Fatal(err)
-	}
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs`).Scan(&logs); err != nil {
-		t.Fatal(err)
-	}
-	if records != len(keys) || distinct != len(keys) || logs != len(keys) {
-		t.Fatalf("%d requests recorded: %d records (%d keys), %d usage logs; want one of each a request", len(keys), records, distinct, logs)
-	}
-	t.Logf("%d events recorded, %d of them while the migration ran", len(keys), during)
-	for _, key := range []string{keys[0], keys[len(keys)/2], keys[len(keys)-1], "old-1", fmt.Sprintf("old-%d", seeded)} {
-		out, err := record(key)
-		if err != nil || out.Kind != ingest.OutcomeReplay {
-			t.Fatalf("key %s after the migration: %+v, %v; want its stored answer replayed", key, out, err)
-		}
-	}
+	run.requireEveryKeyOnceAndReplayed(t, pool)
 	// A partition on the new index referees a tenant's key there.
 	insert := func(tenant uuid.UUID) error {
 		_, err := pool.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
 			VALUES ($1, 'later', '\x00', 202, '\x', $2)`, tenant, ps[0].Upper.Add(time.Hour))
 		return err
 	}
-	if err := insert(tenant); err != nil {
+	if err := insert(tenantOf(t, pool)); err != nil {
 		t.Fatal(err)
 	}
 	if err := insert(uuid.New()); err != nil {
 		t.Fatalf("another tenant's same key: %v", err)
 	}
 	var pgErr *pgconn.PgError
-	if err := insert(tenant); !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+	if err := insert(tenantOf(t, pool)); !errors.As(err, &pgErr) || pgErr.Code != "23505" {
 		t.Fatalf("a second record of the key in a migrated partition: %v, want a unique violation", err)
 	}
+}
+
+// tenantOf is the one tenant migrateUnderIngest made.
+func tenantOf(t *testing.T, pool *pgxpool.Pool) uuid.UUID {
+	t.Helper()
+	var id uuid.UUID
+	if err := pool.QueryRow(context.Background(), `SELECT id FROM tenants WHERE name = 'alice'`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
