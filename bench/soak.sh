@@ -27,7 +27,8 @@ db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); 
 URL=$(db_url $BENCH_DB)
 REF_URL=$(db_url ${BENCH_DB}_ref)
 go build -o bin/ingestload ./bench/ingestload
-[ -x ./bin/overage ] || go build -o bin/overage ./cmd/overage
+# Always built: a binary left in bin/ by an older checkout would be measured instead.
+go build -o bin/overage ./cmd/overage
 
 fresh() {
   psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "CREATE DATABASE $BENCH_DB"

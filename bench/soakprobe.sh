@@ -55,7 +55,8 @@ PIDS+=($!)
 (while :; do
   psql -qtA "$URL" -F ' ' <<SQL
 SELECT 't', extract(epoch FROM now())::int - $T0, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
-  (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter), (SELECT count(*) FROM usage_logs);
+  (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter), (SELECT count(*) FROM usage_logs),
+  (SELECT wal_fpi FROM pg_stat_wal);
 SELECT 'r', extract(epoch FROM now())::int - $T0, relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_dead_tup,
   coalesce(to_char(last_autovacuum, 'HH24:MI:SS'), '-'), coalesce(to_char(last_autoanalyze, 'HH24:MI:SS'), '-'), pg_total_relation_size(relid)
   FROM pg_stat_user_tables WHERE n_tup_ins + n_tup_upd > 0 ORDER BY relname;
@@ -63,6 +64,25 @@ SQL
   sleep 10
 done) > "$OUT.stats" 2>/dev/null &
 PIDS+=($!)
+# PROBE_WALINSPECT=1: every 10 s, the full-page images of the WAL written
+# since the last sample, counted per relation of this database
+# (pg_walinspect, superuser); $OUT.fpi.
+if [ -n "${PROBE_WALINSPECT:-}" ]; then
+  psql -q "$URL" -c "CREATE EXTENSION IF NOT EXISTS pg_walinspect"
+  (lsn=$(psql -qtA "$URL" -c "SELECT pg_current_wal_lsn()")
+  while :; do
+    sleep 10
+    now=$(psql -qtA "$URL" -c "SELECT pg_current_wal_lsn()")
+    psql -qtA "$URL" -F ' ' -c "SELECT extract(epoch FROM clock_timestamp())::int - $T0, coalesce(c.relname, m[2]), count(*), sum(8192 - m[3]::int)
+      FROM pg_get_wal_records_info('$lsn', '$now') w,
+        regexp_matches(w.block_ref, 'rel [0-9]+/([0-9]+)/([0-9]+) fork main blk [0-9]+ \\(FPW\\); hole: offset: [0-9]+, length: ([0-9]+)', 'g') m
+      LEFT JOIN pg_class c ON c.relfilenode = m[2]::oid
+      WHERE m[1]::oid = (SELECT oid FROM pg_database WHERE datname = current_database())
+      GROUP BY 2 ORDER BY 4 DESC LIMIT 8"
+    lsn=$now
+  done) > "$OUT.fpi" 2>&1 &
+  PIDS+=($!)
+fi
 (while :; do
   now=$(( $(date +%s) - T0 ))
   s=$(awk '{print ($14+$15)/100}' /proc/$SERVE/stat)
@@ -89,12 +109,12 @@ import sys
 prev = None
 for line in open(sys.argv[1]):
     f = line.split()
-    if len(f) == 5 and f[0] == 't':
-        s, wal, ck, n = map(int, f[1:])
+    if len(f) == 6 and f[0] == 't':
+        s, wal, ck, n, fpi = map(int, f[1:])
         if prev and n > prev[3]:
             de = n - prev[3]
-            print(f"t={s:4d} events {de / max(s - prev[0], 1):6.0f}/s  WAL/event {(wal - prev[1]) / de:6.0f} B  checkpoints +{ck - prev[2]}")
-        prev = (s, wal, ck, n)
+            print(f"t={s:4d} events {de / max(s - prev[0], 1):6.0f}/s  WAL/event {(wal - prev[1]) / de:6.0f} B  FPI/event {(fpi - prev[4]) / de:5.2f}  checkpoints +{ck - prev[2]}")
+        prev = (s, wal, ck, n, fpi)
 PY
 grep '^r ' "$OUT.stats" | awk -v t="$(grep '^r ' "$OUT.stats" | tail -1 | cut -d' ' -f2)" '$2 == t {print "  " $3, "ins", $4, "upd", $5, "hot", $6, "dead", $7, "autovacuum", $8, "autoanalyze", $9, "bytes", $10}'
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)"

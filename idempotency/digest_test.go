@@ -9,90 +9,124 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
 
-// Every partition of a new database is refereed by the digest index: a
-// key is stored once per tenant and partition, other tenants' same key
-// and the tenant's other keys are not held up. A partition still indexed
-// on the key itself (made before 0052) is found by the same lookup.
-func TestPartitionsRefereeKeysByDigestAndTheLookupFindsEitherIndex(t *testing.T) {
+// tenantDigestIndex is how pg_get_indexdef shows the partitions' unique
+// index since 0032 (idempotency.KeyDigest).
+const tenantDigestIndex = `%USING btree (((md5(((tenant_id)::text || idempotency_key)))::uuid))`
+
+// Every partition of a new database is refereed by the digest of tenant
+// and key, its only unique index: a key is stored once per tenant and
+// partition, other tenants' same key and the tenant's other keys are not
+// held up. Partitions still indexed as 0052 made them (the tenant beside
+// the key's digest) or on the key itself (before 0052) are found by the
+// same lookup, and their expired records deleted by the same statement.
+func TestPartitionsRefereeKeysByDigestAndTheLookupFindsEveryIndex(t *testing.T) {
 	t.Parallel()
 	pool, _ := pgtest.NewPool(t)
 	ctx := context.Background()
-	var onKey []string
-	rows, err := pool.Query(ctx, `SELECT i.indrelid::regclass::text FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indrelid
-		WHERE h.inhparent = 'idempotency_keys'::regclass AND i.indisunique AND pg_get_indexdef(i.indexrelid) NOT LIKE '%md5(idempotency_key)%'`)
-	if err != nil {
-		t.Fatal(err)
+	if n := count(t, pool, `SELECT count(*) FROM pg_index i JOIN pg_inherits h ON h.inhrelid = i.indrelid
+		WHERE h.inhparent = 'idempotency_keys'::regclass AND i.indisunique AND pg_get_indexdef(i.indexrelid) NOT LIKE $1`, tenantDigestIndex); n > 0 {
+		t.Fatalf("%d partitions of a new database with a unique index other than the digest of tenant and key", n)
 	}
-	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			t.Fatal(err)
-		}
-		onKey = append(onKey, name)
+	if n := count(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency_keys'::regclass`); n < 2 {
+		t.Fatalf("%d partitions", n)
 	}
-	if rows.Err() != nil || len(onKey) > 0 {
-		t.Fatalf("partitions of a new database indexed on the key itself: %v (%v)", onKey, rows.Err())
-	}
+
+	today := dbToday(t, pool)
+	makeDayPartitions(t, pool, today)
+	createDay(t, pool, today.AddDate(0, 0, -1))
+	exec(t, pool, fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s_key ON %[1]s ((md5(tenant_id::text || idempotency_key)::uuid))`, dayName(today.AddDate(0, 0, -1))))
 
 	alice, bob := uuid.New(), uuid.New()
-	insert := func(tenant uuid.UUID, key, expires string) error {
+	insert := func(tenant uuid.UUID, key string, expires time.Time) error {
 		_, err := pool.Exec(ctx, `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
-			VALUES ($1, $2, $3::bytea, 202, '\x', now() + $4::interval)`, tenant, key, []byte(key), expires)
+			VALUES ($1, $2, $3::bytea, 202, '\x', $4)`, tenant, key, []byte(key), expires)
 		return err
 	}
-	for _, r := range []struct {
-		tenant uuid.UUID
-		key    string
-	}{{alice, "k1"}, {alice, "k2"}, {bob, "k1"}} {
-		if err := insert(r.tenant, r.key, "23 hours"); err != nil {
-			t.Fatalf("store %s of %s: %v", r.key, r.tenant, err)
+	// One record a partition: yesterday's (expired), today's first
+	// instant (expired), tomorrow's first hour (live, within the lookup's
+	// horizon whatever the time of day).
+	at := map[string]time.Time{
+		"raw":  today.Add(-12 * time.Hour),
+		"0052": today,
+		"new":  today.Add(25 * time.Hour),
+	}
+	for key, exp := range at {
+		if err := insert(alice, key, exp); err != nil {
+			t.Fatalf("store %s: %v", key, err)
 		}
 	}
+	// Yesterday's partition indexed on the key itself, today's as 0052
+	// made them; tomorrow's keeps the new index.
+	reindex := func(day time.Time, cols string) {
+		name := dayName(day)
+		exec(t, pool, fmt.Sprintf(`DROP INDEX %s_key`, name))
+		exec(t, pool, fmt.Sprintf(`CREATE UNIQUE INDEX %s_key ON %s (%s)`, name, name, cols))
+	}
+	reindex(today.AddDate(0, 0, -1), "tenant_id, idempotency_key")
+	reindex(today, "tenant_id, (md5(idempotency_key)::uuid)")
+
 	var pgErr *pgconn.PgError
-	if err := insert(alice, "k1", "23 hours"); !errors.As(err, &pgErr) || pgErr.Code != "23505" {
-		t.Fatalf("a second record of alice's k1 in its partition: %v, want a unique violation", err)
+	for key, exp := range at {
+		if err := insert(alice, key, exp.Add(time.Minute)); !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+			t.Fatalf("a second record of alice's %s in its partition: %v, want a unique violation", key, err)
+		}
+		if err := insert(bob, key, exp.Add(time.Minute)); err != nil {
+			t.Fatalf("bob's %s beside alice's: %v", key, err)
+		}
+		if err := insert(alice, key+"-other", exp.Add(time.Minute)); err != nil {
+			t.Fatalf("alice's other key beside %s: %v", key, err)
+		}
 	}
 
-	// A record in a partition indexed the old way.
-	if err := insert(alice, "old", "1 hour"); err != nil {
-		t.Fatal(err)
+	found := lookup(t, pool, alice, "raw", "0052", "new", "missing")
+	want := map[string]bool{"raw": true, "0052": true, "new": false} // key: expired
+	if len(found) != len(want) {
+		t.Fatalf("lookup of alice's raw, 0052, new, missing found %v, want %v", found, want)
 	}
-	var part string
-	if err := pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM idempotency_keys WHERE idempotency_key = 'old'`).Scan(&part); err != nil {
-		t.Fatal(err)
+	for key, expired := range want {
+		if got, ok := found[key]; !ok || got != expired {
+			t.Fatalf("lookup of alice's %s: found %v expired %v, want expired %v", key, ok, got, expired)
+		}
 	}
-	exec(t, pool, fmt.Sprintf(`DROP INDEX %s_key`, part))
-	exec(t, pool, fmt.Sprintf(`CREATE UNIQUE INDEX %s_key ON %s (tenant_id, idempotency_key)`, part, part))
+	for key, exp := range at {
+		tag, err := pool.Exec(ctx, idempotency.DeleteExpiredSQL, alice, key, exp)
+		if err != nil || tag.RowsAffected() != 1 {
+			t.Fatalf("delete alice's %s: %v rows (%v), want 1", key, tag.RowsAffected(), err)
+		}
+	}
+	if n := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1`, bob); n != 3 {
+		t.Fatalf("bob has %d records after alice's were deleted, want 3", n)
+	}
+}
 
-	found := map[string]string{}
-	rows, err = pool.Query(ctx, idempotency.LookupSQL, alice, []string{"k1", "k2", "old", "missing"})
+// lookup runs LookupSQL and returns each key found with whether its record
+// has expired.
+func lookup(t *testing.T, pool *pgxpool.Pool, tenant uuid.UUID, keys ...string) map[string]bool {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), idempotency.LookupSQL, tenant, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer rows.Close()
+	found := map[string]bool{}
 	for rows.Next() {
 		vals, err := rows.Values()
 		if err != nil {
 			t.Fatal(err)
 		}
-		found[vals[0].(string)] = string(vals[1].([]byte))
+		if string(vals[1].([]byte)) != vals[0].(string) {
+			t.Fatalf("key %v answered with %q", vals[0], vals[1])
+		}
+		found[vals[0].(string)] = vals[6].(bool)
 	}
-	if rows.Err() != nil {
-		t.Fatal(rows.Err())
-	}
-	if len(found) != 3 || found["k1"] != "k1" || found["k2"] != "k2" || found["old"] != "old" {
-		t.Fatalf("lookup of alice's k1, k2, old, missing found %v, want k1, k2 and old", found)
-	}
-	var expires time.Time
-	if err := pool.QueryRow(ctx, `SELECT expires_at FROM idempotency_keys WHERE idempotency_key = 'old'`).Scan(&expires); err != nil {
+	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	tag, err := pool.Exec(ctx, idempotency.DeleteExpiredSQL, alice, "old", expires)
-	if err != nil || tag.RowsAffected() != 1 {
-		t.Fatalf("delete the old-index record: %v rows (%v), want 1", tag.RowsAffected(), err)
-	}
+	return found
 }

@@ -1,7 +1,6 @@
 package idempotency
 
 import (
-	"fmt"
 	"strconv"
 	"time"
 )
@@ -14,17 +13,19 @@ const Horizon = TTL + time.Hour
 
 // LookupSQL reads the newest stored record of each key in $2 of tenant $1,
 // live or expired. The lookup is one index probe per key and partition on
-// the whole key (tenant_id and the key's digest, or the key itself in a
-// partition made before 0052): the key is a parameter of
-// the inner scan, not a filter over the tenant's rows, whatever the
-// statistics say. An expired record is replaced (DeleteExpiredSQL); a
-// key has at most one record in each partition.
+// the whole key: the key is a parameter of the inner scan, not a filter
+// over the tenant's rows, whatever the statistics say. It states the
+// condition of every index a partition can have (the digest of tenant and
+// key since 0032, the key's digest from 0052, the key itself before), so
+// each partition's plan uses the one it has. An expired record is
+// replaced (DeleteExpiredSQL); a key has at most one record in each
+// partition.
 var LookupSQL = `SELECT k.key, r.fingerprint, r.response_status, r.response_body, r.usage_log_id, r.expires_at, r.expires_at <= now()
 	FROM unnest($2::text[]) AS k (key)
 	CROSS JOIN LATERAL (
 		SELECT i.fingerprint, i.response_status, i.response_body, i.usage_log_id, i.expires_at
 		FROM idempotency_keys i
-		WHERE i.tenant_id = $1 AND ` + digest("i.idempotency_key") + ` = ` + digest("k.key") + ` AND i.idempotency_key = k.key
+		WHERE ` + keyConditions("i.", "$1", "k.key") + `
 		  AND i.expires_at <= now() + interval '` + strconv.FormatInt(int64(Horizon.Seconds()), 10) + ` seconds'
 		ORDER BY i.expires_at DESC
 		LIMIT 1) AS r`
@@ -32,10 +33,16 @@ var LookupSQL = `SELECT k.key, r.fingerprint, r.response_status, r.response_body
 // DeleteExpiredSQL removes one expired record before its key is stored
 // anew: one statement a key (rare: a key reused after TTL), each an
 // index lookup on the whole row identity.
-var DeleteExpiredSQL = `DELETE FROM idempotency_keys WHERE tenant_id = $1 AND ` + digest("idempotency_key") + ` = ` + digest("$2::text") + ` AND idempotency_key = $2 AND expires_at = $3`
+var DeleteExpiredSQL = `DELETE FROM idempotency_keys WHERE ` + keyConditions("", "$1", "$2::text") + ` AND expires_at = $3`
 
-// digest is KeyDigest of the key expression k.
-func digest(k string) string { return fmt.Sprintf(KeyDigest, k) }
+// keyConditions says that the record (columns prefixed by col) is tenant's
+// record of key, in the terms of every unique index a partition can have.
+func keyConditions(col, tenant, key string) string {
+	return col + "tenant_id = " + tenant +
+		" AND " + KeyDigest(col+"tenant_id", col+"idempotency_key") + " = " + KeyDigest(tenant, key) +
+		" AND " + keyDigest0052(col+"idempotency_key") + " = " + keyDigest0052(key) +
+		" AND " + col + "idempotency_key = " + key
+}
 
 // InsertSQL stores the answers of a transaction's members.
 const InsertSQL = `INSERT INTO idempotency_keys
