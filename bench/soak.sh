@@ -41,7 +41,9 @@ serve() {
   SERVE=$!
   for _ in $(seq 1 100); do curl -fs "http://$ADDR/readyz" >/dev/null && break; sleep 0.1; done
 }
-stop() { [ -n "$SERVE" ] && { kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null || true; SERVE=; }; }
+# An if, not `[ … ] &&`: under set -e a false test would make the EXIT
+# trap, and so the script, exit 1 after a run that went well.
+stop() { if [ -n "$SERVE" ]; then kill $SERVE 2>/dev/null; wait $SERVE 2>/dev/null || true; SERVE=; fi; }
 trap stop EXIT
 # load NAME SECONDS FLAGS...: one ingestload run; its JSON in /tmp/$BENCH_DB.NAME.json.
 load() {
