@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/pgpartition"
 )
 
 // DB is a pool or a connection: partitions are kept from both.
@@ -38,30 +39,15 @@ const Ahead = 7
 // seconds.
 const DropMargin = time.Hour
 
-// Partition is one partition of idempotency_keys.
-type Partition struct {
-	Name string
-	// Records in it expire at or after Lower (nil: the first partition,
-	// which spans everything before Upper) and before Upper.
-	Lower *time.Time
-	Upper time.Time
-	// Pending: a DETACH CONCURRENTLY was interrupted; Maintain finishes it.
-	Pending bool
-}
+// Partition is one partition of idempotency_keys: its records expire at
+// or after Lower (nil: the first partition, which spans everything before
+// Upper) and before Upper; Pending, a DETACH CONCURRENTLY was interrupted
+// and Maintain finishes it.
+type Partition = pgpartition.Partition
 
 // lockID serialises partition changes of concurrent workers and migrators
 // ("ovg-idem" read as a big-endian integer).
 const lockID int64 = 0x6f76672d6964656d
-
-// boundsSQL lists the partitions with their bounds (NULL for MINVALUE),
-// oldest first.
-const boundsSQL = `SELECT c.relname,
-		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\)'))[1]::timestamptz,
-		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz,
-		i.inhdetachpending
-	FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-	WHERE i.inhparent = 'idempotency_keys'::regclass
-	ORDER BY 3`
 
 // Partitions lists the partitions, oldest first.
 func Partitions(ctx context.Context, db DB) ([]Partition, error) {
@@ -69,28 +55,11 @@ func Partitions(ctx context.Context, db DB) ([]Partition, error) {
 }
 
 func partitions(ctx context.Context, db overage.DB) ([]Partition, error) {
-	rows, err := db.Query(ctx, boundsSQL)
-	if err != nil {
-		return nil, fmt.Errorf("list idempotency record partitions: %w", err)
-	}
-	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Partition, error) {
-		var p Partition
-		err := r.Scan(&p.Name, &p.Lower, &p.Upper, &p.Pending)
-		if p.Lower != nil {
-			l := p.Lower.UTC()
-			p.Lower = &l
-		}
-		p.Upper = p.Upper.UTC()
-		return p, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list idempotency record partitions: %w", err)
-	}
-	return ps, nil
+	return pgpartition.List(ctx, db, "idempotency_keys")
 }
 
 // covers reports whether p holds records expiring at t.
-func (p Partition) covers(t time.Time) bool {
+func covers(p Partition, t time.Time) bool {
 	return (p.Lower == nil || !t.Before(*p.Lower)) && t.Before(p.Upper)
 }
 
@@ -145,7 +114,7 @@ func EnsurePartitions(ctx context.Context, db DB) ([]string, error) {
 	days:
 		for d := today.UTC(); !d.After(today.UTC().AddDate(0, 0, Ahead)); d = d.AddDate(0, 0, 1) {
 			for _, p := range ps {
-				if p.covers(d) {
+				if covers(p, d) {
 					continue days
 				}
 			}
@@ -189,12 +158,8 @@ func DropExpired(ctx context.Context, db DB) ([]string, error) {
 		if p.Upper.After(now.Add(-DropMargin)) {
 			continue
 		}
-		detach := fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s CONCURRENTLY`, p.Name)
-		if p.Pending {
-			detach = fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s FINALIZE`, p.Name)
-		}
-		if _, err := db.Exec(ctx, detach); err != nil {
-			return dropped, fmt.Errorf("detach expired idempotency record partition %s: %w", p.Name, err)
+		if err := pgpartition.Detach(ctx, db, "idempotency_keys", p); err != nil {
+			return dropped, fmt.Errorf("expired idempotency records: %w", err)
 		}
 		if _, err := db.Exec(ctx, fmt.Sprintf(`DROP TABLE %s`, p.Name)); err != nil {
 			return dropped, fmt.Errorf("drop expired idempotency record partition %s: %w", p.Name, err)

@@ -1,6 +1,6 @@
 // Package pgpartition reads and detaches the range partitions by time of
-// a partitioned table, for the packages that keep one (webhooks/partitions
-// today): what is generic about a partition's lifecycle, apart from what
+// a partitioned table, for the packages that keep one (idempotency,
+// webhooks/partitions): what is generic about a partition's lifecycle, apart from what
 // each table's owner decides (its bounds, its indexes, when it may go).
 package pgpartition
 
