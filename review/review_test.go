@@ -37,6 +37,13 @@ type bundle struct {
 
 // setup builds the world. ingestAttempts is the max attempts of the jobs
 // ingest queues; the resolver's jobs get 5.
+// reviewWait bounds each wait for a log's status: a bound, not a delay (the
+// poll returns at once when the status is reached). A resend is a report
+// job scheduled REPORT_BATCH_DELAY ahead, which River's scheduler promotes
+// every few seconds; under the whole suite on two cores that took over 20 s
+// in one CI run.
+const reviewWait = 60 * time.Second
+
 func setup(t *testing.T, opts emulator.Options, ingestAttempts int, customers ...string) *bundle {
 	t.Helper()
 	var ts []tenants.CreateParams
@@ -190,8 +197,8 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 	billed := b.Record(t, "cus_ok", 7, 0)
 	b.Start(t, workers.Config{IdempotencyWindow: window, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Hour, JobTimeout: 2 * time.Second})
 	b.waitStatus(t, parked, overage.BillingStatusNeedsReview, 30*time.Second)
-	b.waitStatus(t, failed, overage.BillingStatusFailed, 20*time.Second)
-	b.waitStatus(t, billed, overage.BillingStatusBilled, 20*time.Second)
+	b.waitStatus(t, failed, overage.BillingStatusFailed, reviewWait)
+	b.waitStatus(t, billed, overage.BillingStatusBilled, reviewWait)
 	// The parked log's report job finishes (completed: the worker parked
 	// the log, or found it parked by the sweep). River's unique insert
 	// counts completed jobs, so the resend below must not be skipped.
@@ -277,7 +284,7 @@ func TestListShowsParkedAndFailedLogsAndAResendAfterTheWindowBillsOnce(t *testin
 		fmt.Sprint(res.Dimensions) != "[input]" {
 		t.Fatalf("resolution %+v", res)
 	}
-	b.waitStatus(t, parked, overage.BillingStatusBilled, 20*time.Second)
+	b.waitStatus(t, parked, overage.BillingStatusBilled, reviewWait)
 	reqs := b.requests(t, parked, overage.DimensionInput)
 	if len(reqs) <= sentBefore || reqs[len(reqs)-1].Outcome != emulator.OutcomeApplied {
 		t.Fatalf("requests after the resend: %+v", reqs[sentBefore:])
@@ -308,9 +315,9 @@ func TestBilledAndVoidAreAuditedOnceAndOnlyLogsUnderReviewAreResolved(t *testing
 	billed := b.Record(t, "cus_ok", 5, 0)
 	stop := b.Start(t, workers.Config{})
 	for _, id := range gone {
-		b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
+		b.waitStatus(t, id, overage.BillingStatusFailed, reviewWait)
 	}
-	b.waitStatus(t, billed, overage.BillingStatusBilled, 20*time.Second)
+	b.waitStatus(t, billed, overage.BillingStatusBilled, reviewWait)
 	stop()
 	pending := b.Record(t, "cus_ok", 5, 0) // no workers: it stays pending
 	sent := len(b.Emu.Requests())
@@ -479,7 +486,7 @@ func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
 	if !res.Forced || res.ReportJob == nil || res.ReportJob.Existing || len(res.Dimensions) != 2 || !strings.Contains(res.Message, "forced") {
 		t.Fatalf("resolution %+v", res)
 	}
-	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	b.waitStatus(t, id, overage.BillingStatusBilled, reviewWait)
 	for _, d := range overage.Dimensions {
 		reqs := b.requests(t, id, d)
 		if len(reqs) < 2 || reqs[len(reqs)-1].Outcome != emulator.OutcomeReplayed {
@@ -517,7 +524,7 @@ func TestResendAfterTheWindowSendsOnlyWhatStripeHasNotAccepted(t *testing.T) {
 	}
 	b.Emu.SetCustomerFailure("cus_part", "No such customer: 'cus_part'")
 	b.Start(t, workers.Config{})
-	b.waitStatus(t, id, overage.BillingStatusFailed, 20*time.Second)
+	b.waitStatus(t, id, overage.BillingStatusFailed, reviewWait)
 	if l := b.log(t, id); l.InputAccepted == nil || l.OutputAccepted != nil {
 		t.Fatalf("log %+v, want input accepted and output not", l)
 	}
@@ -541,7 +548,7 @@ func TestResendAfterTheWindowSendsOnlyWhatStripeHasNotAccepted(t *testing.T) {
 	if fmt.Sprint(res.Dimensions) != "[output]" || res.Forced || res.PreviousStatus != overage.BillingStatusFailed {
 		t.Fatalf("resolution %+v", res)
 	}
-	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	b.waitStatus(t, id, overage.BillingStatusBilled, reviewWait)
 	if n := len(b.requests(t, id, overage.DimensionInput)); n != inputSent {
 		t.Fatalf("the accepted input dimension was sent again (%d more requests)", n-inputSent)
 	}
@@ -590,7 +597,7 @@ func TestResendOfALogInNoReportFormsOneAndBillsOnce(t *testing.T) {
 		t.Fatalf("log after resend %+v, want pending with a new window to start", l)
 	}
 	b.Start(t, workers.Config{})
-	b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
+	b.waitStatus(t, id, overage.BillingStatusBilled, reviewWait)
 	if n := b.Emu.AppliedCount(overage.MeterEventKey(id, overage.DimensionInput)); n != 1 {
 		t.Fatalf("applied %d times, want once", n)
 	}
