@@ -168,17 +168,9 @@ func DropExpired(ctx context.Context, db DB) ([]string, error) {
 	}
 	// A partition detached but not dropped (a crash in between): nothing
 	// reads it any more.
-	rows, err := db.Query(ctx, `SELECT c.relname FROM pg_class c
-		WHERE c.relkind = 'r' AND c.relnamespace = current_schema()::regnamespace
-		  AND c.relname ~ '^idempotency_keys_([0-9]{8}|legacy)$'
-		  AND NOT EXISTS (SELECT FROM pg_inherits i WHERE i.inhrelid = c.oid)
-		ORDER BY 1`)
+	leftovers, err := pgpartition.Detached(ctx, db, `^idempotency_keys_([0-9]{8}|legacy)$`)
 	if err != nil {
-		return dropped, fmt.Errorf("list detached idempotency record partitions: %w", err)
-	}
-	leftovers, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return dropped, fmt.Errorf("list detached idempotency record partitions: %w", err)
+		return dropped, fmt.Errorf("idempotency record partitions: %w", err)
 	}
 	for _, name := range leftovers {
 		if _, err := db.Exec(ctx, fmt.Sprintf(`DROP TABLE %s`, name)); err != nil {
