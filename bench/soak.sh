@@ -13,7 +13,10 @@
 #            single-event tenant, against the same load on empty tables;
 #   storage: bytes on disk per event (heap + indexes + TOAST) of each table
 #            after the soak's singles and after its batches.
-# SOAK_ONLY=1 skips the volume runs.
+# SOAK_ONLY=1 skips the volume runs; VOLUME_ONLY=1 skips the soak. The
+# volume runs are ordered empty, seeded (singles), seeded, empty (batches),
+# each pair back to back, so a load that drifts on a shared machine moves
+# both sides of a ratio alike; the seeded database is made first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SOAK_SECONDS=${SOAK_SECONDS:-600}
@@ -30,14 +33,17 @@ go build -o bin/ingestload ./bench/ingestload
 # Always built: a binary left in bin/ by an older checkout would be measured instead.
 go build -o bin/overage ./cmd/overage
 
+# fresh [DB]: drop, create and migrate DB ($BENCH_DB), with the bench tenants.
 fresh() {
-  psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "CREATE DATABASE $BENCH_DB"
-  ./bin/overage migrate --database-url "$URL" >/dev/null 2>&1
-  psql -q "$URL" -f bench/setup.sql
+  local db=${1:-$BENCH_DB}
+  psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+  ./bin/overage migrate --database-url "$(db_url "$db")" >/dev/null 2>&1
+  psql -q "$(db_url "$db")" -f bench/setup.sql
 }
 SERVE=
+# serve [URL]: overage serve on URL ($URL) in the background.
 serve() {
-  LOG_LEVEL=warn DATABASE_URL="$URL" LISTEN_ADDR=$ADDR ./bin/overage serve &
+  LOG_LEVEL=warn DATABASE_URL="${1:-$URL}" LISTEN_ADDR=$ADDR ./bin/overage serve &
   SERVE=$!
   for _ in $(seq 1 100); do curl -fs "http://$ADDR/readyz" >/dev/null && break; sleep 0.1; done
 }
@@ -84,6 +90,7 @@ for name in sys.argv[1:]:
 PY
 }
 
+if [ -z "${VOLUME_ONLY:-}" ]; then
 echo "== soak: ${SOAK_SECONDS}s each, fresh databases, no VACUUM or ANALYZE"
 fresh; serve; single soak_single "$SOAK_SECONDS"; stop
 n=$(psql -qtA "$URL" -c "SELECT count(*) FROM usage_logs")
@@ -103,14 +110,17 @@ tps, r = float(sys.argv[1]), json.load(open(sys.argv[2]))
 print(f"single events over the soak {r['events_per_s']:.0f}/s against ref_single.pgbench {tps:.0f}/s: ratio {r['events_per_s'] / tps:.2f}")
 PY
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)"
+fi
 [ -n "${SOAK_ONLY:-}" ] && { psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)"; exit 0; }
 
 echo "== volume: ${VOLUME_SECONDS}s each, empty tables, then $VOLUME_LOGS logs and $VOLUME_KEYS keys seeded"
-fresh; serve; single empty_single "$VOLUME_SECONDS"; batch empty_batch "$VOLUME_SECONDS"; stop
-fresh
+VOL_DB=${BENCH_DB}_vol
+VOL_URL=$(db_url $VOL_DB)
+echo "seeding $VOL_DB: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+fresh $VOL_DB
 # Billed logs of last month spread over the 100 tenants, and one day of the
 # single-event tenant's keys, the counters kept by their trigger.
-psql -q "$URL" <<SQL
+psql -q "$VOL_URL" <<SQL
 INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
     period_start, overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at, updated_at)
 SELECT (lpad(to_hex(floor(extract(epoch FROM now() - interval '20 days') * 1000)::bigint), 12, '0') || '7' || lpad(to_hex(g % 4096), 3, '0') || '8' || lpad(to_hex(g), 15, '0'))::uuid, ('00000000-0000-0000-0000-' || lpad((g % 100 + 1)::text, 12, '0'))::uuid, 'seed-' || g,
@@ -121,7 +131,11 @@ INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_
 SELECT '00000000-0000-0000-0000-000000000001', 'seed-' || g, '\x00', 202, '\x7b7d', now() + (g % 86000) * interval '1 second'
 FROM generate_series(1, $VOLUME_KEYS) g;
 SQL
-serve; single volume_single "$VOLUME_SECONDS"; batch volume_batch "$VOLUME_SECONDS"; stop
+echo "seeded: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+fresh; serve; single empty_single "$VOLUME_SECONDS"; stop
+serve "$VOL_URL"; single volume_single "$VOLUME_SECONDS"; batch volume_batch "$VOLUME_SECONDS"; stop
+fresh; serve; batch empty_batch "$VOLUME_SECONDS"; stop
+echo "loads done: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 windows $BENCH_DB.empty_single $BENCH_DB.volume_single $BENCH_DB.empty_batch $BENCH_DB.volume_batch
 python3 - "$BENCH_DB" <<'PY'
 import json, sys
@@ -130,4 +144,4 @@ for kind in ("single", "batch"):
     e, v = (json.load(open(f"/tmp/{b}.{x}_{kind}.json"))["events_per_s"] for x in ("empty", "volume"))
     print(f"volume {kind}: {v:.0f} events/s at volume against {e:.0f} on empty tables: ratio {v / max(e, 1):.2f}")
 PY
-psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)"
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "DROP DATABASE IF EXISTS $VOL_DB WITH (FORCE)"
