@@ -10,7 +10,8 @@
 #   volume:  the same two loads for VOLUME_SECONDS (120) after seeding
 #            VOLUME_LOGS (20,000,000) billed usage logs over the 100 tenants
 #            and VOLUME_KEYS (10,000,000) live idempotency records of the
-#            single-event tenant, against the same load on empty tables;
+#            single-event tenant, against the same load on empty tables,
+#            run empty, seeded, seeded, empty and summed;
 #   storage: bytes on disk per event (heap + indexes + TOAST) of each table
 #            after the soak's singles and after its batches.
 # SOAK_ONLY=1 skips the volume runs; VOLUME_ONLY=1 skips the soak. The
@@ -132,16 +133,23 @@ SELECT '00000000-0000-0000-0000-000000000001', 'seed-' || g, '\x00', 202, '\x7b7
 FROM generate_series(1, $VOLUME_KEYS) g;
 SQL
 echo "seeded: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-fresh; serve; single empty_single "$VOLUME_SECONDS"; stop
-serve "$VOL_URL"; single volume_single "$VOLUME_SECONDS"; batch volume_batch "$VOLUME_SECONDS"; stop
-fresh; serve; batch empty_batch "$VOLUME_SECONDS"; stop
-echo "loads done: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-windows $BENCH_DB.empty_single $BENCH_DB.volume_single $BENCH_DB.empty_batch $BENCH_DB.volume_batch
+# Each kind empty, seeded, seeded, empty (A B B A); each empty run on a
+# fresh database, the seeded runs on the one seeded database.
+for kind in single batch; do
+  fresh; serve; $kind empty_${kind}_1 "$VOLUME_SECONDS"; stop
+  serve "$VOL_URL"; $kind volume_${kind}_1 "$VOLUME_SECONDS"; $kind volume_${kind}_2 "$VOLUME_SECONDS"; stop
+  fresh; serve; $kind empty_${kind}_2 "$VOLUME_SECONDS"; stop
+  echo "$kind loads done: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+done
+windows $BENCH_DB.empty_single_1 $BENCH_DB.volume_single_1 $BENCH_DB.volume_single_2 $BENCH_DB.empty_single_2 \
+  $BENCH_DB.empty_batch_1 $BENCH_DB.volume_batch_1 $BENCH_DB.volume_batch_2 $BENCH_DB.empty_batch_2
 python3 - "$BENCH_DB" <<'PY'
 import json, sys
 b = sys.argv[1]
+rate = lambda name: json.load(open(f"/tmp/{b}.{name}.json"))["events_per_s"]
 for kind in ("single", "batch"):
-    e, v = (json.load(open(f"/tmp/{b}.{x}_{kind}.json"))["events_per_s"] for x in ("empty", "volume"))
-    print(f"volume {kind}: {v:.0f} events/s at volume against {e:.0f} on empty tables: ratio {v / max(e, 1):.2f}")
+    e = sum(rate(f"empty_{kind}_{i}") for i in (1, 2))
+    v = sum(rate(f"volume_{kind}_{i}") for i in (1, 2))
+    print(f"volume {kind}: {v / 2:.0f} events/s at volume against {e / 2:.0f} on empty tables (A B B A): ratio {v / max(e, 1):.2f}")
 PY
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "DROP DATABASE IF EXISTS $VOL_DB WITH (FORCE)"
