@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"crypto/md5"
 	"errors"
 	"fmt"
 	"strings"
@@ -33,15 +32,18 @@ const requestDigestIndexSuffix = "_request_digest"
 // because its request_id shares its MD5 digest with another request_id.
 const RequestIDDigestCollisionType = "request-id-digest-collision"
 
-// requestIDDigest is usagelog.RequestDigestSQL computed here.
-func requestIDDigest(rid string) [16]byte { return md5.Sum([]byte(rid)) }
-
-// digestCollisionSQL reads, in the partition named by the violation, a
-// log of the tenant $1 whose request_id has the digest of one of $2 but is
-// none of them: one probe of the digest index a request_id.
-const digestCollisionSQL = `SELECT request_id FROM %s
-	WHERE tenant_id = $1 AND md5(request_id)::uuid = ANY (ARRAY(SELECT md5(r)::uuid FROM unnest($2::text[]) AS r))
-		AND request_id <> ALL ($2::text[])
+// digestCollisionSQL finds, among the request_ids $2 of the tenant $1,
+// two with one digest, or one whose digest is that of another request_id
+// recorded in the partition named by the violation (one probe of its
+// digest index a request_id): the request_id of the request first, the
+// other second. The digest is computed by the database, as its index does.
+const digestCollisionSQL = `WITH r AS (SELECT DISTINCT rid FROM unnest($2::text[]) AS r (rid) WHERE rid IS NOT NULL)
+	(SELECT max(rid), min(rid) FROM r GROUP BY md5(rid)::uuid HAVING count(*) > 1 LIMIT 1)
+	UNION ALL
+	(SELECT r.rid, l.request_id FROM r CROSS JOIN LATERAL (
+		SELECT l.request_id FROM %s l
+		WHERE l.tenant_id = $1 AND md5(l.request_id)::uuid = md5(r.rid)::uuid AND l.request_id <> r.rid LIMIT 1) AS l
+	LIMIT 1)
 	LIMIT 1`
 
 // digestCollision returns the error of a request_id digest collision in
@@ -53,35 +55,21 @@ func (s *Service) digestCollision(ctx context.Context, g *group, err error) erro
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" || !strings.HasSuffix(pgErr.ConstraintName, requestDigestIndexSuffix) {
 		return err
 	}
-	seen := map[[16]byte]string{}
 	var rids []string
 	for _, ev := range g.events {
-		if ev.RequestID == nil {
-			continue
+		if ev.RequestID != nil {
+			rids = append(rids, *ev.RequestID)
 		}
-		rid := *ev.RequestID
-		d := requestIDDigest(rid)
-		if other, ok := seen[d]; ok && other != rid {
-			return collisionError(rid, other)
-		}
-		seen[d] = rid
-		rids = append(rids, rid)
 	}
-	var other string
+	var rid, other string
 	qerr := s.pool.QueryRow(ctx, fmt.Sprintf(digestCollisionSQL, pgx.Identifier{pgErr.SchemaName, pgErr.TableName}.Sanitize()),
-		g.tenantID, rids).Scan(&other)
+		g.tenantID, rids).Scan(&rid, &other)
 	if errors.Is(qerr, pgx.ErrNoRows) {
 		return err // a race: the next pass finds the winner's log
 	}
 	if qerr != nil {
 		return fmt.Errorf("%w (and reading whether a request_id digest collides: %v)", err, qerr)
 	}
-	d := requestIDDigest(other)
-	return collisionError(seen[d], other)
-}
-
-// collisionError refuses rid, whose digest is other's.
-func collisionError(rid, other string) *overage.Error {
 	return overage.Errorf(overage.ECONFLICT, RequestIDDigestCollisionType,
 		"request_id %q has the same MD5 digest as request_id %q of this tenant, and usage logs are unique by that digest: "+
 			"it cannot be recorded; send the event under another request_id (nothing of this request was recorded)", rid, other)
