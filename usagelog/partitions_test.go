@@ -339,6 +339,7 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 	for _, q := range []string{
 		`PREPARE byrid(uuid, text[]) AS ` + usagelog.LogsByRequestIDSQL,
 		`PREPARE plain(uuid, text) AS ` + usagelog.PlainLogByRequestIDSQL,
+		`PREPARE page(uuid, text, uuid, int) AS ` + usagelog.ByRequestIDSQL,
 		`PREPARE byid(uuid) AS ` + usagelog.GetLogSQL,
 		`PREPARE byids(uuid[]) AS ` + usagelog.LogsByIDSQL,
 	} {
@@ -384,6 +385,22 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 		}
 		if err := probedByKey(plan); err != nil {
 			t.Errorf("%s: the plain log by request_id: %v\n%s", mode, err, plan)
+		}
+		// The GET by request_id (always a custom plan: readTx): the stream
+		// index or the request_id's in each partition, never a scan.
+		plan = explain("page", fmt.Sprintf("('%s', 'missing', NULL, 100)", tenant))
+		for i, name := range names {
+			if mode != "force_custom_plan" {
+				break
+			}
+			index := name + "_request_digest"
+			if i < keyed {
+				index = name + "_request_id"
+			}
+			if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Bitmap Index Scan on "+index+" ") {
+				t.Errorf("%s: the GET by request_id reads %s without %s\n%s", mode, name, index, plan)
+				break
+			}
 		}
 		rows, err := conn.Query(ctx, `EXECUTE byrid('`+tenant.String()+`', '{`+strings.Join(rids, ",")+`}')`)
 		if err != nil {
