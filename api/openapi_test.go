@@ -656,6 +656,22 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 			req: func(f *fixture) call {
 				return jsonCall(http.MethodPost, "/v1/meters", `{"key":"every_input","event_name":"e","token_type":"input","models":["*"]}`)
 			}},
+		// Two request_ids of one MD5 digest: a real pair is hard to come
+		// by, so for this case the database's md5 is shadowed by one that
+		// ignores case (collideMD5) and "CHATCMPL-1" collides with
+		// "chatcmpl-1" exactly as a real pair would.
+		{name: "409 request_id with the digest of another", status: 409, problem: "request-id-digest-collision",
+			before: func(t *testing.T, f *fixture) { collideMD5(t, f, true) },
+			after:  func(t *testing.T, f *fixture) { collideMD5(t, f, false) },
+			req: func(f *fixture) call {
+				return post(alice(f), "k-collide", strings.Replace(f.body1, "chatcmpl-1", "CHATCMPL-1", 1))
+			},
+			check: func(t *testing.T, f *fixture, r *result) {
+				var n int
+				if err := f.db.QueryRow(context.Background(), `SELECT count(*) FROM usage_logs WHERE request_id = 'CHATCMPL-1'`).Scan(&n); err != nil || n != 0 {
+					t.Fatalf("%d logs of the colliding request_id (%v), want none", n, err)
+				}
+			}},
 		{name: "200 duplicate request_id under another key", status: 200,
 			req: func(f *fixture) call { return post(alice(f), "k-2", f.body1) },
 			check: func(t *testing.T, f *fixture, r *result) {
@@ -1435,4 +1451,33 @@ func billingTotals(t *testing.T, f *fixture, r *result) {
 func onBusy(f *fixture, c call) call {
 	c.base = f.busy.URL
 	return c
+}
+
+// collideMD5 shadows (on) or restores the database's md5 for the usage log
+// partition holding f.logID: its digest index is made again on an md5 that
+// ignores case, and the server's connections are made again with a
+// search_path that finds that md5 before pg_catalog's.
+func collideMD5(t *testing.T, f *fixture, on bool) {
+	t.Helper()
+	ctx := context.Background()
+	var part string
+	if err := f.db.QueryRow(ctx, `SELECT tableoid::regclass::text FROM usage_logs WHERE id = $1`, f.logID).Scan(&part); err != nil {
+		t.Fatal(err)
+	}
+	md5, path := "pg_catalog.md5", `RESET search_path`
+	if on {
+		md5, path = "collide.md5", `SET search_path = collide, pg_catalog, public`
+	}
+	for _, q := range []string{
+		`CREATE SCHEMA IF NOT EXISTS collide`,
+		`CREATE OR REPLACE FUNCTION collide.md5(text) RETURNS text IMMUTABLE STRICT LANGUAGE sql AS $$ SELECT pg_catalog.md5(lower($1)) $$`,
+		fmt.Sprintf(`DROP INDEX %s_request_digest`, part),
+		fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s_request_digest ON %[1]s (tenant_id, (%[2]s(request_id)::uuid)) WHERE request_id IS NOT NULL`, part, md5),
+		fmt.Sprintf(`DO $$ BEGIN EXECUTE format('ALTER DATABASE %%I %s', current_database()); END $$`, path),
+	} {
+		if _, err := f.db.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	f.srv.Pool.Reset()
 }

@@ -216,9 +216,32 @@ func (s *Service) execute(ctx context.Context, tenantID uuid.UUID, m *groupMembe
 	return answers[0].out, answers[0].err
 }
 
-// executeGroup records a group in one transaction, retried whole.
+// executeGroup records a group in one transaction, retried whole. A
+// request_id digest collision (digest.go) refuses the request it is in:
+// when the group holds several, each then runs alone, so that only the
+// colliding one is refused.
 func (s *Service) executeGroup(ctx context.Context, g *group) ([]answer, error) {
-	return withRetries(func() ([]answer, error) { return s.executeOnce(ctx, g) })
+	answers, err := withRetries(func() ([]answer, error) {
+		a, err := s.executeOnce(ctx, g)
+		if err != nil {
+			err = s.digestCollision(ctx, g, err)
+		}
+		return a, err
+	})
+	var appErr *overage.Error
+	if !errors.As(err, &appErr) || appErr.Type != RequestIDDigestCollisionType || len(g.members) == 1 {
+		return answers, err
+	}
+	answers = make([]answer, len(g.members))
+	for i, m := range g.members {
+		a, err := s.executeGroup(ctx, newGroup(g.tenantID, []*groupMember{m}))
+		if err != nil {
+			answers[i] = answer{err: err}
+			continue
+		}
+		answers[i] = a[0]
+	}
+	return answers, nil
 }
 
 // withRetries runs one ingest transaction up to three times. A retryable

@@ -2,7 +2,9 @@ package ingest_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,4 +162,92 @@ func TestConcurrentDuplicatesAcrossAPartitionBound(t *testing.T) {
 	if where[0] != names[0] && where[0] != names[1] {
 		t.Errorf("the log is in %s", where[0])
 	}
+}
+
+// A request_id is deduplicated for as long as its log is kept: a log
+// recorded more than 40 days ago, in a partition older than the one of
+// 36 days ago (made before migration 0061, so with its unique index on the
+// request_id itself), answers a new, different event reusing its
+// request_id as a duplicate (200), alone or in a batch; nothing new is
+// recorded under it.
+func TestRequestIDOlderThanTheReplayHorizonIsStillADuplicate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, svc, tenant := partitionedService(t)
+	now := time.Now().UTC()
+	names := parttest.Repartition(t, pool, parttest.Month(now, -4), parttest.Month(now, -3), parttest.Month(now, -2), parttest.Month(now, -1),
+		parttest.Month(now, 0), parttest.Month(now, 1), parttest.Month(now, 2))
+	// Before the partition of ReplayHorizon ago (what the lookups read
+	// before), and more than 40 days ago.
+	at := parttest.Month(now.Add(-usagelog.ReplayHorizon), 0).Add(-24 * time.Hour)
+	if limit := now.Add(-45 * 24 * time.Hour); at.After(limit) {
+		at = limit
+	}
+	at = at.Truncate(time.Microsecond)
+	old := usagelog.IDFloor(at)
+	old[6], old[8], old[15] = 0x70, 0x80, 0x01
+	where := "usage_logs_p" + parttest.Month(at, 0).Format("200601")
+	if !slices.Contains(names, where) {
+		t.Fatalf("no partition %s of the old log in %v", where, names)
+	}
+	for _, q := range []string{
+		`DROP INDEX ` + where + `_request_digest`,
+		`CREATE UNIQUE INDEX ` + where + `_request_id ON ` + where + ` (tenant_id, request_id) WHERE request_id IS NOT NULL`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+			period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at)
+		VALUES ($1, $2, 'long-ago', $3, 'u', 'm', 5, 5, date_trunc('month', $3::timestamptz, 'UTC'), 5, 5, 'pending', $3)`, old, tenant, at); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM usage_logs WHERE id = $1`, old).Scan(&got); err != nil || got != where {
+		t.Fatalf("the old log is in %q (%v), want %s", got, err, where)
+	}
+	logs := func() int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE tenant_id = $1`, tenant).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	rid, fresh := "long-ago", "fresh"
+	// Another event: now, other tokens.
+	out, err := svc.Record(ctx, ingest.RecordParams{TenantID: tenant, Key: "single", Fingerprint: []byte("single"),
+		Event: &ingest.Event{RequestID: &rid, Timestamp: now.Truncate(time.Microsecond), UserID: "u2", ModelID: "m", InputTokens: 7, OutputTokens: 9}})
+	if err != nil || out.Kind != ingest.OutcomeDuplicate || out.Status != 200 || out.UsageLogID != old {
+		t.Fatalf("a new event under the request_id of a log of %v in %s: %v; want a 200 duplicate of %s", at, where, describe(out, err), old)
+	}
+	if n := logs(); n != 1 {
+		t.Fatalf("%d logs after the single event, want the old one alone", n)
+	}
+	out, err = svc.RecordBatch(ctx, ingest.BatchParams{TenantID: tenant, Key: "batch", Fingerprint: []byte("batch"), Events: []*ingest.Event{
+		{RequestID: &fresh, Timestamp: now.Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: 1, OutputTokens: 1},
+		{RequestID: &rid, Timestamp: now.Truncate(time.Microsecond), UserID: "u3", ModelID: "m", InputTokens: 3, OutputTokens: 3},
+	}})
+	if err != nil || out.Status != 202 {
+		t.Fatalf("a batch reusing the request_id: %+v, %v", out, err)
+	}
+	var ids []uuid.UUID
+	rows, err := pool.Query(ctx, `SELECT id FROM usage_logs WHERE tenant_id = $1 AND request_id = 'long-ago'`, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil || !slices.Equal(ids, []uuid.UUID{old}) || logs() != 2 {
+		t.Fatalf("after the batch: logs of the request_id %v (%v), %d logs in all; want the old one alone and the fresh one", ids, err, logs())
+	}
+	if !strings.Contains(string(out.Body), `"duplicates":1`) {
+		t.Errorf("the batch's answer: %s; want one duplicate", out.Body)
+	}
+}
+
+// describe is an outcome's status, kind and log, or its error.
+func describe(out *ingest.Outcome, err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%d %s %s", out.Status, out.Kind, out.UsageLogID)
 }

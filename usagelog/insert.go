@@ -41,13 +41,14 @@ const InsertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_i
 // usage_log_request_claims when a partition bound is within ClaimWindow of
 // now (by the database's clock; otherwise it writes nothing), in
 // request_id order, queued right before InsertSQL. Within a partition its
-// unique index on (tenant_id, request_id) referees two transactions
+// unique index on request_id (on (tenant_id, RequestDigestSQL) since 0061,
+// on (tenant_id, request_id) before) referees two transactions
 // recording one request_id; across a bound the two logs would land in two
 // partitions whose indexes never meet, and this primary key referees
 // instead: the second transaction waits for the first and, once it has
 // committed, fails with a unique violation (23505), after which ingest
-// runs its pass again and finds the first one's log (ReplayFloorSQL keeps
-// every recent partition in the lookup). Two app servers can mint ids on
+// runs its pass again and finds the first one's log (the lookup reads
+// every partition kept). Two app servers can mint ids on
 // either side of a bound only while the database's clock is near it, by
 // less than their clocks' skew. TruncateClaims empties the table past the
 // window.

@@ -10,13 +10,32 @@ import (
 // overage.UsageLog and answers with them; like every statement on
 // usage_logs, they live here (docs/architecture.md).
 
+// RequestIDIs is the condition that the log l has the request_id x (an
+// SQL expression): the request_id itself and its digest. A partition made
+// since migration 0061 indexes (tenant_id, RequestDigestSQL) only; one
+// made before and holding logs then keeps its index on (tenant_id,
+// request_id) until it is dropped. Stating both, each partition's probe is
+// an index probe on the whole key of whichever index it has, and a log
+// whose request_id only shares the digest of x never answers for x.
+func RequestIDIs(l, x string) string {
+	return fmt.Sprintf(`%[1]s.request_id = %[2]s AND md5(%[1]s.request_id)::uuid = md5(%[2]s)::uuid`, l, x)
+}
+
+// RequestDigestSQL is the expression of the partitions' unique index on
+// request_id (since 0061): the MD5 of the request_id, 16 bytes as a uuid,
+// whatever the request_id's length.
+const RequestDigestSQL = `md5(request_id)::uuid`
+
 // LogsByRequestIDSQL reads the tenant's logs recorded under the
-// request_ids in $2: one index probe a request_id in each partition from
-// ReplayFloorSQL's on, as idempotency.LookupSQL.
+// request_ids in $2: one index probe a request_id in each partition kept,
+// as long as it is kept (LIMIT 1 stops at the first found). Old
+// partitions receive no new log (ids are minted at ingest), so reading
+// them is enough there; across the current bound the claims referee
+// (ClaimRequestIDsSQL).
 var LogsByRequestIDSQL = `SELECT ` + LogColumns + `
 	FROM unnest($2::text[]) AS r (rid)
 	CROSS JOIN LATERAL (
-		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND l.request_id = r.rid AND l.id >= ` + ReplayFloorSQL + ` LIMIT 1) AS u`
+		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND ` + RequestIDIs("l", "r.rid") + ` LIMIT 1) AS u`
 
 // ReplayHorizon is how long before now (by the database's clock) the
 // original of an event ingest accepts can have been recorded: an event is
@@ -25,24 +44,11 @@ var LogsByRequestIDSQL = `SELECT ` + LogColumns + `
 // replay's original, carrying the same timestamp, was recorded no earlier
 // than the replay's timestamp minus 5 minutes, itself no earlier than 35
 // days ago; ClaimWindow (an hour) more covers the app servers' clocks,
-// which mint the ids and judge the age, being off the database's.
+// which mint the ids and judge the age, being off the database's. The
+// lookups by request_id no longer stop there (a request_id is
+// deduplicated for as long as its log is kept); what is left of it
+// bounds the claims' reasoning and the tests.
 const ReplayHorizon = overage.MaxEventAge + overage.MaxFutureSkew + ClaimWindow
-
-// ReplayFloorSQL is the lowest usage log id the lookups of earlier logs by
-// request_id read: the lower bound of the partition that holds the logs
-// recorded ReplayHorizon ago (usage_log_partition_bounds; the first
-// partition's is the smallest id). A condition on id, it prunes every
-// older partition when the statement runs, so a request_id costs one
-// index probe in each partition from that one on — the month of 36 days
-// ago (at most two before the current one) to the Ahead months made ahead,
-// at most five probes at any table size — and it filters nothing out
-// inside the partitions it keeps:
-// a request_id their unique indexes hold is always found, and never
-// inserted twice into one partition.
-var ReplayFloorSQL = fmt.Sprintf(`(SELECT CASE WHEN f.lower IS NULL OR f.lower = '-infinity' THEN '00000000-0000-0000-0000-000000000000'::uuid
-			ELSE (lpad(to_hex(floor(extract(epoch FROM f.lower) * 1000)::bigint), 12, '0') || '00000000000000000000')::uuid END
-		FROM (SELECT max(b.lower) AS lower FROM usage_log_partition_bounds b WHERE b.lower <= now() - interval '%d seconds') AS f)`,
-	int64(ReplayHorizon.Seconds()))
 
 const LogColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
@@ -59,8 +65,9 @@ const CorrectionsOfSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE correc
 
 // ByRequestIDSQL is a page of the logs of tenant $1 under request_id $2
 // (a stream's, or the one recorded under it) after id $3, at most $4.
-const ByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs
-		WHERE tenant_id = $1 AND (stream_request_id = $2 OR request_id = $2) AND ($3::uuid IS NULL OR id > $3)
+// The request_id arm states the digest too (RequestIDIs).
+var ByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs
+		WHERE tenant_id = $1 AND (stream_request_id = $2 OR (` + RequestIDIs("usage_logs", "$2") + `)) AND ($3::uuid IS NULL OR id > $3)
 		ORDER BY id LIMIT $4`
 
 // LogsByIDSQL reads the logs of the ids $1: one probe an id, of its
@@ -79,10 +86,10 @@ const LockLogSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE id = $1 FOR 
 const TenantOfLogSQL = `SELECT tenant_id FROM usage_logs WHERE id = $1`
 
 // PlainLogByRequestIDSQL reads the log a plain event of the tenant $1
-// recorded under the request_id $2 (not a stream's), from the partitions
-// LogsByRequestIDSQL reads.
-var PlainLogByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs
-	WHERE tenant_id = $1 AND request_id = $2 AND stream_request_id IS NULL AND id >= ` + ReplayFloorSQL
+// recorded under the request_id $2 (not a stream's), in every partition
+// kept, as LogsByRequestIDSQL.
+var PlainLogByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs u
+	WHERE u.tenant_id = $1 AND ` + RequestIDIs("u", "$2") + ` AND u.stream_request_id IS NULL`
 
 // StreamLogsSQL reads the logs of the stream $2 of the tenant $1: its
 // increases and the corrections its final checkpoints made.

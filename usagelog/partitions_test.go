@@ -183,8 +183,8 @@ func TestRequestIDClaimsRefereeAcrossABound(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = race("within", idAt(bound.Add(-2*time.Millisecond)), idAt(bound.Add(-time.Millisecond)))
-	if uniqueOn(err) != names[0]+"_request_id" || logsOf("within") != 1 {
-		t.Errorf("within one partition: the second got %v, %d logs; want the violation of %s_request_id, one log", err, logsOf("within"), names[0])
+	if uniqueOn(err) != names[0]+"_request_digest" || logsOf("within") != 1 {
+		t.Errorf("within one partition: the second got %v, %d logs; want the violation of %s_request_digest, one log", err, logsOf("within"), names[0])
 	}
 	if err := race("unrefereed", idAt(bound.Add(-time.Millisecond)), idAt(bound)); err != nil || logsOf("unrefereed") != 2 {
 		t.Errorf("across the bound with nothing claimed: %v, %d logs; want both recorded (else the control cannot fail)", err, logsOf("unrefereed"))
@@ -225,22 +225,36 @@ func TestTruncateClaimsOnlyFarFromABound(t *testing.T) {
 }
 
 // Every lookup by id reads the partition of the id only, from every
-// partition, with a generic plan; the lookup of earlier logs by request_id
-// reads the partitions from the one holding the logs of ReplayHorizon ago
-// on, one index probe each, and finds a log in any of them.
+// partition, with a generic plan; the lookups by request_id read every
+// partition kept (a request_id is deduplicated as long as its log is
+// kept), a year of them, each by an index probe on the whole key of the
+// unique index it has — (tenant_id, request_id) on a partition made before
+// 0061, (tenant_id, md5(request_id)::uuid) since — with a generic plan and
+// a custom one, and find a log in any of them.
 func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := pgtest.NewPool(t)
 	now := time.Now().UTC()
 	var bounds []time.Time
-	for m := -5; m <= usagelog.Ahead+1; m++ {
+	for m := -13; m <= usagelog.Ahead+1; m++ {
 		bounds = append(bounds, parttest.Month(now, m))
 	}
 	names := parttest.Repartition(t, pool, bounds...)
+	// The partitions older than two months made before 0061: their unique
+	// index on the request_id itself.
+	const keyed = 11
+	for _, name := range names[:keyed] {
+		if _, err := pool.Exec(ctx, fmt.Sprintf(`DROP INDEX %[1]s_request_digest;
+			CREATE UNIQUE INDEX %[1]s_request_id ON %[1]s (tenant_id, request_id) WHERE request_id IS NOT NULL`, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tenant := uuid.New()
 	// A log in each partition, recorded half way through its month (the
-	// current month's: now), under request_id "r<i>".
+	// current month's: now), under request_id "r<i>", and three more of
+	// the tenant's beside it, so that a probe on the tenant alone would
+	// read rows.
 	var ids []uuid.UUID
 	for i := range names {
 		at := bounds[i].Add(bounds[i+1].Sub(bounds[i]) / 2)
@@ -251,17 +265,12 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 		if _, err := pool.Exec(ctx, insertLogSQL, tenant, id, fmt.Sprintf("r%d", i)); err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, id)
-	}
-	floor := now.Add(-usagelog.ReplayHorizon)
-	var kept []string // the partitions the request_id lookup must read
-	for i, name := range names {
-		if bounds[i+1].After(floor) {
-			kept = append(kept, name)
+		for j := range 3 {
+			if _, err := pool.Exec(ctx, insertLogSQL, tenant, idAt(at), fmt.Sprintf("other%d-%d", i, j)); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	if len(kept) < 3 || len(kept) > 3+usagelog.Ahead {
-		t.Fatalf("the test's layout keeps %v", kept)
+		ids = append(ids, id)
 	}
 
 	conn, err := pool.Acquire(ctx)
@@ -295,9 +304,42 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 		}
 		return out
 	}
+	// probedByKey reports whether every partition of the plan is read by
+	// its unique index on request_id, on the whole key (tenant and
+	// request_id or its digest in the index condition), and by nothing
+	// else: no sequential scan, no scan of another index.
+	probedByKey := func(plan string) error {
+		lines := strings.Split(plan, "\n")
+		for i, l := range lines {
+			if strings.Contains(l, "Seq Scan") {
+				return fmt.Errorf("a sequential scan: %s", l)
+			}
+			j := strings.Index(l, "Index Scan using usage_logs_p")
+			if j < 0 {
+				continue
+			}
+			index := strings.Fields(l[j+len("Index Scan using "):])[0]
+			part := strings.TrimSuffix(strings.TrimSuffix(index, "_request_digest"), "_request_id")
+			want := part + "_request_digest"
+			key := "md5(request_id)"
+			for _, k := range names[:keyed] {
+				if k == part {
+					want, key = part+"_request_id", "request_id = "
+				}
+			}
+			if index != want {
+				return fmt.Errorf("%s read by %s, want %s", part, index, want)
+			}
+			if i+1 >= len(lines) || !strings.Contains(lines[i+1], "Index Cond") || !strings.Contains(lines[i+1], "tenant_id = ") || !strings.Contains(lines[i+1], key) {
+				return fmt.Errorf("%s probed without the whole key: %s", part, lines[i+1])
+			}
+		}
+		return nil
+	}
 	for _, q := range []string{
-		`SET plan_cache_mode = force_generic_plan`,
 		`PREPARE byrid(uuid, text[]) AS ` + usagelog.LogsByRequestIDSQL,
+		`PREPARE plain(uuid, text) AS ` + usagelog.PlainLogByRequestIDSQL,
+		`PREPARE page(uuid, text, uuid, int) AS ` + usagelog.ByRequestIDSQL,
 		`PREPARE byid(uuid) AS ` + usagelog.GetLogSQL,
 		`PREPARE byids(uuid[]) AS ` + usagelog.LogsByIDSQL,
 	} {
@@ -305,43 +347,96 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	for i, id := range ids {
-		plan := explain("byid", fmt.Sprintf("('%s')", id))
-		if got := read(plan); len(got) != 1 || got[0] != names[i] || !strings.Contains(plan, "rows=1 ") {
-			t.Errorf("GET of the log in %s read %v:\n%s", names[i], got, plan)
-		}
-	}
-	var all []string
-	for _, id := range ids {
-		all = append(all, id.String())
-	}
-	plan := explain("byids", fmt.Sprintf("('{%s}')", strings.Join(all, ",")))
-	if !strings.Contains(plan, fmt.Sprintf("Nested Loop (actual rows=%d ", len(ids))) || strings.Contains(plan, "loops=2") {
-		t.Errorf("the logs of %d ids, one in each partition: want each partition probed once\n%s", len(ids), plan)
-	}
 	var rids []string
 	for i := range names {
 		rids = append(rids, fmt.Sprintf("r%d", i))
 	}
-	plan = explain("byrid", fmt.Sprintf("('%s', '{%s}')", tenant, strings.Join(rids, ",")))
-	if got := read(plan); strings.Join(got, " ") != strings.Join(kept, " ") {
-		t.Errorf("the lookup of a request_id in every partition read %v; want %v\n%s", got, kept, plan)
-	}
-	rows, err := conn.Query(ctx, `EXECUTE byrid('`+tenant.String()+`', '{`+strings.Join(rids, ",")+`}')`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
-		v, err := r.Values() // LogColumns: id, tenant_id, request_id, …
-		if err != nil {
-			return "", err
+	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+		if _, err := conn.Exec(ctx, `SET plan_cache_mode = `+mode); err != nil {
+			t.Fatal(err)
 		}
-		return fmt.Sprint(v[2]), nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := rids[len(names)-len(kept):]; strings.Join(found, " ") != strings.Join(want, " ") {
-		t.Errorf("the lookup found the logs of %v; want %v, those of the partitions it reads", found, want)
+		if mode == "force_generic_plan" {
+			for i, id := range ids {
+				plan := explain("byid", fmt.Sprintf("('%s')", id))
+				if got := read(plan); len(got) != 1 || got[0] != names[i] || !strings.Contains(plan, "rows=1 ") {
+					t.Errorf("GET of the log in %s read %v:\n%s", names[i], got, plan)
+				}
+			}
+			var all []string
+			for _, id := range ids {
+				all = append(all, id.String())
+			}
+			plan := explain("byids", fmt.Sprintf("('{%s}')", strings.Join(all, ",")))
+			if !strings.Contains(plan, fmt.Sprintf("Nested Loop (actual rows=%d ", len(ids))) || strings.Contains(plan, "loops=2") {
+				t.Errorf("the logs of %d ids, one in each partition: want each partition probed once\n%s", len(ids), plan)
+			}
+		}
+		// A request_id found nowhere is probed in every partition.
+		plan := explain("byrid", fmt.Sprintf("('%s', '{missing}')", tenant))
+		if got := read(plan); strings.Join(got, " ") != strings.Join(names, " ") {
+			t.Errorf("%s: the lookup of a request_id recorded nowhere read %v; want every partition %v\n%s", mode, got, names, plan)
+		}
+		if err := probedByKey(plan); err != nil {
+			t.Errorf("%s: the lookup of earlier logs: %v\n%s", mode, err, plan)
+		}
+		plan = explain("plain", fmt.Sprintf("('%s', 'missing')", tenant))
+		if got := read(plan); strings.Join(got, " ") != strings.Join(names, " ") {
+			t.Errorf("%s: the plain log of a request_id recorded nowhere read %v; want every partition\n%s", mode, got, plan)
+		}
+		if err := probedByKey(plan); err != nil {
+			t.Errorf("%s: the plain log by request_id: %v\n%s", mode, err, plan)
+		}
+		// The GET by request_id (always a custom plan: readTx): the stream
+		// index or the request_id's in each partition, never a scan.
+		plan = explain("page", fmt.Sprintf("('%s', 'missing', NULL, 100)", tenant))
+		for i, name := range names {
+			if mode != "force_custom_plan" {
+				break
+			}
+			index := name + "_request_digest"
+			if i < keyed {
+				index = name + "_request_id"
+			}
+			if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Bitmap Index Scan on "+index+" ") {
+				t.Errorf("%s: the GET by request_id reads %s without %s\n%s", mode, name, index, plan)
+				break
+			}
+		}
+		rows, err := conn.Query(ctx, `EXECUTE byrid('`+tenant.String()+`', '{`+strings.Join(rids, ",")+`}')`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (string, error) {
+			v, err := r.Values() // LogColumns: id, tenant_id, request_id, …
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprint(v[2]), nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(found, " ") != strings.Join(rids, " ") {
+			t.Errorf("%s: the lookup found the logs of %v; want %v, one in each partition", mode, found, rids)
+		}
+		for i, rid := range rids {
+			rows, err := conn.Query(ctx, `EXECUTE plain('`+tenant.String()+`', '`+rid+`')`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (any, error) {
+				v, err := r.Values()
+				if err != nil {
+					return nil, err
+				}
+				return v[0], nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || fmt.Sprintf("%x", got[0]) != fmt.Sprintf("%x", [16]byte(ids[i])) {
+				t.Errorf("%s: the plain log of %s (in %s) read %v; want %s", mode, rid, names[i], got, ids[i])
+			}
+		}
 	}
 }

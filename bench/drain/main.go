@@ -44,6 +44,7 @@ func main() {
 	rateLimit := flag.Int("rate-limit", 1000, "STRIPE_RATE_LIMIT of the work process; the emulator enforces Stripe's 1,000/s per account")
 	batchMax := flag.Int("batch-max", 0, "REPORT_BATCH_MAX of the work process (0: its default)")
 	flag.IntVar(&meterCount, "meters", 2, "meters each log feeds: 2 (the defaults) or 3 (m_input, m_cache, m_output of a per-model catalog, as bench/meters.lib.sh creates)")
+	flag.BoolVar(&noSeed, "no-seed", false, "drain the logs already in the database (ingested by a load beforehand) instead of seeding a backlog")
 	hang := flag.Int("hang", 0, "customers whose calls never get an answer; the drain ends when everyone else's logs are billed")
 	flag.Parse()
 	if err := run(*dbURL, *bin, *logs, *tenants, *latency, *workers, *rateLimit, *batchMax, *hang); err != nil {
@@ -54,6 +55,9 @@ func main() {
 // meterCount is -meters.
 var meterCount int
 
+// noSeed is -no-seed.
+var noSeed bool
+
 func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, rateLimit, batchMax, hang int) error {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dbURL)
@@ -61,7 +65,11 @@ func run(dbURL, bin string, logs, tenants int, latency time.Duration, workers, r
 		return err
 	}
 	defer pool.Close()
-	if err := seed(ctx, pool, logs, tenants); err != nil {
+	if noSeed {
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM usage_logs WHERE "+usagelog.Is("billing_status", overage.BillingStatusPending)).Scan(&logs); err != nil {
+			return err
+		}
+	} else if err := seed(ctx, pool, logs, tenants); err != nil {
 		return fmt.Errorf("seed: %w", err)
 	}
 
