@@ -178,9 +178,11 @@ func BenchmarkBatchMeters(b *testing.B) {
 				for i := range w.logs {
 					flat.add(w.lines[i])
 				}
-				if _, err := renderBatch(results); err != nil {
+				out, err := renderBatch(results)
+				if err != nil {
 					b.Fatal(err)
 				}
+				out.release() // as the handler does once it wrote the answer
 			}
 			// The process's CPU (GC included), steadier than the wall
 			// clock on a shared machine.
