@@ -174,7 +174,7 @@ func BenchmarkBatchMeters(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				var flat flatLines
+				flat := newFlatLines(w.lines)
 				for i := range w.logs {
 					flat.add(w.lines[i])
 				}
