@@ -174,13 +174,15 @@ func BenchmarkBatchMeters(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				var flat flatLines
+				flat := newFlatLines(w.lines)
 				for i := range w.logs {
 					flat.add(w.lines[i])
 				}
-				if _, err := renderBatch(results); err != nil {
+				out, err := renderBatch(results)
+				if err != nil {
 					b.Fatal(err)
 				}
+				out.release() // as the handler does once it wrote the answer
 			}
 			// The process's CPU (GC included), steadier than the wall
 			// clock on a shared machine.

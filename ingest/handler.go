@@ -102,6 +102,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, record func(r *h
 		w.Header().Set("Idempotent-Replayed", "true")
 	}
 	httpx.Write(w, "application/json", out.Status, out.Body)
+	out.release()
 }
 
 // record runs the checks in the contract's order: authenticate, validate,

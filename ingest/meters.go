@@ -232,6 +232,21 @@ type flatLines struct {
 	lastJoined     string
 }
 
+// newFlatLines is flatLines sized for the lines of logs (each log's
+// lines, the defaults first), so that adding them never grows an array.
+func newFlatLines(logs [][]overage.MeterLine) flatLines {
+	n := 0
+	for _, lines := range logs {
+		n += max(0, len(lines)-2)
+	}
+	f := flatLines{keys: make(pgArray[pgtype.Text], 0, len(logs)),
+		offsets: make([]int32, 0, len(logs)), count: make([]int32, 0, len(logs))}
+	if n > 0 { // none: the arrays stay nil, as add leaves them
+		f.tokens, f.over = make(pgArray[pgInt8], 0, n), make(pgArray[pgInt8], 0, n)
+	}
+	return f
+}
+
 func (f *flatLines) add(lines []overage.MeterLine) {
 	f.offsets = append(f.offsets, int32(len(f.tokens)))
 	extra := lines[min(2, len(lines)):]

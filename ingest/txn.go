@@ -260,7 +260,7 @@ func (w *writes) queueLogs(b *pgx.Batch, tenantID uuid.UUID, now time.Time) {
 	var reported []bool
 	var corrects []*uuid.UUID
 	var why, by []*string
-	var flat flatLines
+	flat := newFlatLines(w.lines)
 	for i, l := range w.logs {
 		flat.add(w.lines[i])
 		ids[i], tss[i], periods[i] = pgUUID(l.ID), pgTimestamptz(l.Timestamp), pgTimestamptz(w.periods[i])

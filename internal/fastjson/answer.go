@@ -49,6 +49,17 @@ func RenderBatch(resp *BatchAnswer) ([]byte, bool) {
 	return appendBatchResponse(make([]byte, 0, batchResponseSize(resp.Events)), resp)
 }
 
+// AppendBatch is RenderBatch appending to b, for a caller that reuses its
+// buffers: a batch answer is about a megabyte, which RenderBatch allocates
+// (and the runtime zeroes) anew. BatchSize is about its length.
+func AppendBatch(b []byte, resp *BatchAnswer) ([]byte, bool) {
+	return appendBatchResponse(b, resp)
+}
+
+// BatchSize is about the length of the answer of events (see
+// batchResponseSize).
+func BatchSize(events []BatchEvent) int { return batchResponseSize(events) }
+
 // appendBatchResponse writes resp as json.Marshal does.
 func appendBatchResponse(b []byte, resp *BatchAnswer) ([]byte, bool) {
 	if resp.Events == nil {
