@@ -14,6 +14,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/alerts"
+	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/retention"
@@ -222,7 +223,7 @@ func (cfg Config) withDefaults() Config {
 		}
 	}
 	def(&cfg.StreamIdleTimeout, DefaultStreamIdleTimeout)
-	def(&cfg.ReapInterval, 10*time.Minute)
+	def(&cfg.ReapInterval, idempotency.MaintainEvery)
 	def(&cfg.RetentionInterval, DefaultRetentionInterval)
 	def(&cfg.StopTimeout, 20*time.Second)
 	def(&cfg.IdempotencyWindow, overage.StripeIdempotencyWindow)
