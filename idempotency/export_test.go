@@ -10,7 +10,9 @@ import (
 // the development build makes it for bench/expiry.sh.
 type CompressedLayout struct{ l layout }
 
-func Compressed(width time.Duration) CompressedLayout { return CompressedLayout{production.scaled(width)} }
+func Compressed(width time.Duration) CompressedLayout {
+	return CompressedLayout{production.scaled(width)}
+}
 
 func (c CompressedLayout) TTL() time.Duration        { return c.l.TTL }
 func (c CompressedLayout) DropMargin() time.Duration { return c.l.DropMargin }
