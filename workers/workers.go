@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
-	"github.com/riverqueue/river/rivertype"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/alerts"
@@ -155,15 +154,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 		},
 		PeriodicJobs: []*river.PeriodicJob{
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.IdempotencyInterval),
-				func() (river.JobArgs, *river.InsertOpts) {
-					// None queued while one waits, runs or retries: two runs at
-					// once race to detach the same partition, and one fails
-					// (seen with runs a second apart on a loaded machine,
-					// bench/expiry.sh); the next tick after it ends goes ahead.
-					return outbox.ExpireIdempotencyKeysArgs{}, &river.InsertOpts{UniqueOpts: river.UniqueOpts{ByState: []rivertype.JobState{
-						rivertype.JobStateAvailable, rivertype.JobStatePending, rivertype.JobStateRunning,
-						rivertype.JobStateRetryable, rivertype.JobStateScheduled}}}
-				},
+				func() (river.JobArgs, *river.InsertOpts) { return outbox.ExpireIdempotencyKeysArgs{}, nil },
 				&river.PeriodicJobOpts{ID: "expire_idempotency_keys", RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.SweepInterval),
 				func() (river.JobArgs, *river.InsertOpts) {
