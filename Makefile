@@ -6,7 +6,7 @@ LOCAL_PG := postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 # it is unset, the local PostgreSQL if it answers, else testcontainers-go.
 WITH_TEST_DB = if [ -z "$$DATABASE_URL" ] && pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then export DATABASE_URL='$(LOCAL_PG)'; fi;
 
-.PHONY: help build run test lint bench bench-meters chaos fuzz fuzz-ci
+.PHONY: help build run test lint bench bench-meters bench-expiry chaos fuzz fuzz-ci
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z/_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -78,3 +78,6 @@ bench: build ## ingest (HTTP vs pgbench), end to end, drain, status, then soak, 
 
 bench-meters: build ## every event on three per-model meters vs the two defaults, same events, A B B A: ingest, end to end, drain, with the ratios
 	@$(WITH_TEST_DB) ./bench/meters.sh
+
+bench-expiry: ## expiry keeps up: 10,000 events/s end to end for EXPIRY_SECONDS (600), time compressed (minute partitions); backlog and maintenance share, PASS/FAIL
+	@$(WITH_TEST_DB) ./bench/expiry.sh

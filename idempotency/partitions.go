@@ -1,7 +1,7 @@
 // Package idempotency owns the lifecycle of the stored answers of
 // Idempotency-Keys (table idempotency_keys): a table partitioned by expiry
-// day, whose partitions are created a week ahead and dropped whole once
-// every record in them has expired. No record is ever deleted row by row
+// day (layout.go), whose partitions are created a week ahead and dropped
+// whole once every record in them has expired. No record is ever deleted row by row
 // for its age.
 //
 // The ingest transaction reads and writes the records (package ingest);
@@ -25,19 +25,6 @@ type DB interface {
 	overage.DB
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
-
-// TTL is how long a stored answer is kept and replayed.
-const TTL = 24 * time.Hour
-
-// Ahead is how many UTC days of partitions beyond today are kept ready, so
-// ingest goes on for a week should no `overage work` run.
-const Ahead = 7
-
-// DropMargin is how long after its last record expired a partition is
-// kept: an ingest transaction that began before the expiry (and so still
-// counts such a record live) has long finished by then — it is bounded by
-// seconds.
-const DropMargin = time.Hour
 
 // Partition is one partition of idempotency_keys: its records expire at
 // or after Lower (nil: the first partition, which spans everything before
@@ -93,6 +80,12 @@ func keyDigest0052(key string) string { return "md5(" + key + ")::uuid" }
 // index, then attached: ATTACH takes only a SHARE UPDATE EXCLUSIVE lock
 // on idempotency_keys, so ingest reads and writes on meanwhile.
 func EnsurePartitions(ctx context.Context, db DB) ([]string, error) {
+	return ensurePartitions(ctx, db, lay)
+}
+
+// ensurePartitions is EnsurePartitions of l's partitions: l.Width wide
+// (a day in production), the current one and l.Ahead beyond it.
+func ensurePartitions(ctx context.Context, db DB, l layout) ([]string, error) {
 	var created []string
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockID); err != nil {
@@ -103,23 +96,27 @@ func EnsurePartitions(ctx context.Context, db DB) ([]string, error) {
 		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
 			return fmt.Errorf("set lock_timeout: %w", err)
 		}
-		var today time.Time
-		if err := tx.QueryRow(ctx, `SELECT date_trunc('day', now(), 'UTC')`).Scan(&today); err != nil {
+		// The start of the current partition: bins of l.Width from a UTC
+		// midnight, so for a day wide the UTC day, date_trunc('day', now(), 'UTC').
+		var current time.Time
+		if err := tx.QueryRow(ctx, `SELECT date_bin(make_interval(secs => $1), now(), timestamptz '2000-01-01 00:00:00+00')`,
+			l.Width.Seconds()).Scan(&current); err != nil {
 			return fmt.Errorf("read the database clock: %w", err)
 		}
+		current = current.UTC()
 		ps, err := partitions(ctx, tx)
 		if err != nil {
 			return err
 		}
-	days:
-		for d := today.UTC(); !d.After(today.UTC().AddDate(0, 0, Ahead)); d = d.AddDate(0, 0, 1) {
+	bins:
+		for d := current; !d.After(current.Add(time.Duration(l.Ahead) * l.Width)); d = d.Add(l.Width) {
 			for _, p := range ps {
 				if covers(p, d) {
-					continue days
+					continue bins
 				}
 			}
-			name := "idempotency_keys_" + d.Format("20060102")
-			upper := d.AddDate(0, 0, 1)
+			name := l.name(d)
+			upper := d.Add(l.Width)
 			for _, q := range []string{
 				fmt.Sprintf(`CREATE TABLE %s (LIKE idempotency_keys INCLUDING DEFAULTS INCLUDING COMPRESSION)`, name),
 				fmt.Sprintf(`CREATE UNIQUE INDEX %s_key ON %s ((%s))`, name, name, KeyDigest("tenant_id", "idempotency_key")),
@@ -145,6 +142,11 @@ func EnsurePartitions(ctx context.Context, db DB) ([]string, error) {
 // waits for every transaction that may still read the partition and takes
 // no lock that stops ingest; one left pending by a crash is finished first.
 func DropExpired(ctx context.Context, db DB) ([]string, error) {
+	return dropExpired(ctx, db, lay)
+}
+
+// dropExpired is DropExpired with l's margin.
+func dropExpired(ctx context.Context, db DB, l layout) ([]string, error) {
 	ps, err := Partitions(ctx, db)
 	if err != nil {
 		return nil, err
@@ -155,7 +157,7 @@ func DropExpired(ctx context.Context, db DB) ([]string, error) {
 	}
 	var dropped []string
 	for _, p := range ps {
-		if p.Upper.After(now.Add(-DropMargin)) {
+		if p.Upper.After(now.Add(-l.DropMargin)) {
 			continue
 		}
 		if err := pgpartition.Detach(ctx, db, "idempotency_keys", p); err != nil {
@@ -168,7 +170,7 @@ func DropExpired(ctx context.Context, db DB) ([]string, error) {
 	}
 	// A partition detached but not dropped (a crash in between): nothing
 	// reads it any more.
-	leftovers, err := pgpartition.Detached(ctx, db, `^idempotency_keys_([0-9]{8}|legacy)$`)
+	leftovers, err := pgpartition.Detached(ctx, db, leftoverPattern)
 	if err != nil {
 		return dropped, fmt.Errorf("idempotency record partitions: %w", err)
 	}
@@ -182,16 +184,20 @@ func DropExpired(ctx context.Context, db DB) ([]string, error) {
 }
 
 // Maintain drops the expired partitions and creates the missing ones: what
-// `overage work` runs every hour.
+// `overage work` runs every MaintainEvery.
 func Maintain(ctx context.Context, db DB, logger *slog.Logger) error {
-	dropped, err := DropExpired(ctx, db)
+	return maintain(ctx, db, logger, lay)
+}
+
+func maintain(ctx context.Context, db DB, logger *slog.Logger, l layout) error {
+	dropped, err := dropExpired(ctx, db, l)
 	for _, name := range dropped {
 		logger.InfoContext(ctx, "expired idempotency records dropped", "partition", name)
 	}
 	if err != nil {
 		return err
 	}
-	created, err := EnsurePartitions(ctx, db)
+	created, err := ensurePartitions(ctx, db, l)
 	for _, name := range created {
 		logger.InfoContext(ctx, "idempotency record partition created", "partition", name)
 	}

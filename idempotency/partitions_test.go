@@ -211,3 +211,105 @@ func TestDropExpiredDropsADetachedLeftover(t *testing.T) {
 		t.Fatalf("the leftover %s was not dropped", dayName(old))
 	}
 }
+
+// The compressed layout of bench/expiry.sh (the development build's
+// OVERAGE_DEV_IDEMPOTENCY_WIDTH=1m): the same Maintain on minute-wide
+// partitions drops each one whose records all expired DropMargin ago,
+// and a detached leftover of that width, never a partition holding a live
+// record, and keeps Ahead minutes ready.
+func TestCompressedMaintainDropsEachWhollyExpiredMinute(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	c := idempotency.Compressed(time.Minute)
+	if c.TTL() != time.Minute || c.DropMargin() != 5*time.Second || c.Ahead() != idempotency.Ahead {
+		t.Fatalf("compressed layout: TTL %v, margin %v, ahead %d", c.TTL(), c.DropMargin(), c.Ahead())
+	}
+	// The first partition (empty, spanning days) goes, as bench/expiry.sh
+	// drops it, so the minutes are not covered by it.
+	ps, err := idempotency.Partitions(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Lower == nil {
+			exec(t, pool, fmt.Sprintf(`DROP TABLE %s`, p.Name))
+		}
+	}
+	if _, err := c.EnsurePartitions(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	var cur time.Time
+	if err := pool.QueryRow(ctx, `SELECT date_bin('1 minute', now(), timestamptz '2000-01-01 00:00:00+00')`).Scan(&cur); err != nil {
+		t.Fatal(err)
+	}
+	cur = cur.UTC()
+	// Four past minutes full of expired records, and a fifth detached and
+	// left behind (a crash between detach and drop).
+	minute := func(back int) time.Time { return cur.Add(-time.Duration(back) * time.Minute) }
+	for back := 1; back <= 5; back++ {
+		lower := minute(back)
+		exec(t, pool, fmt.Sprintf(`CREATE TABLE %s PARTITION OF idempotency_keys FOR VALUES FROM ('%s') TO ('%s')`,
+			c.Name(lower), lower.Format(time.RFC3339), lower.Add(time.Minute).Format(time.RFC3339)))
+		exec(t, pool, `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
+			SELECT gen_random_uuid(), 'k' || g, '\x00', 202, '\x7b7d', $1::timestamptz + g * interval '1 second'
+			FROM generate_series(0, 59) g`, lower)
+	}
+	exec(t, pool, fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s`, c.Name(minute(5))))
+	// Live records through the next TTL, and in the current minute some
+	// already expired beside them: that partition holds live ones, so stays.
+	exec(t, pool, `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
+		SELECT gen_random_uuid(), 'live' || g, '\x00', 202, '\x7b7d', now() + g * interval '1 second' FROM generate_series(1, 60) g`)
+	exec(t, pool, `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
+		VALUES (gen_random_uuid(), 'expired-now', '\x00', 202, '\x7b7d', $1)`, cur)
+	live := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE expires_at > now()`)
+
+	var before, after time.Time
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Maintain(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT now()`).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	exists := func(name string) bool {
+		return count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, name) == 1
+	}
+	for back := 2; back <= 5; back++ {
+		if exists(c.Name(minute(back))) {
+			t.Errorf("%s, expired %v ago, was not dropped", c.Name(minute(back)), before.Sub(minute(back).Add(time.Minute)))
+		}
+	}
+	// The last minute's records all expired at cur: it goes once the
+	// margin has passed, and not before.
+	switch last := c.Name(minute(1)); {
+	case !cur.After(before.Add(-c.DropMargin())) && exists(last):
+		t.Errorf("%s, expired %v ago, was not dropped", last, before.Sub(cur))
+	case cur.After(after.Add(-c.DropMargin())) && !exists(last):
+		t.Errorf("%s, expired %v ago, within the margin, was dropped", last, after.Sub(cur))
+	}
+	if !exists(c.Name(cur)) {
+		t.Errorf("the current minute's partition %s, holding live records, was dropped", c.Name(cur))
+	}
+	if got := count(t, pool, `SELECT count(*) FROM idempotency_keys WHERE expires_at > now()`); got != live {
+		t.Fatalf("%d live records after Maintain, want %d", got, live)
+	}
+	// Every minute from now to Ahead beyond in exactly one partition.
+	ps, err = idempotency.Partitions(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := cur; !d.After(cur.Add(time.Duration(c.Ahead()) * time.Minute)); d = d.Add(time.Minute) {
+		n := 0
+		for _, p := range ps {
+			if (p.Lower == nil || !d.Before(*p.Lower)) && d.Before(p.Upper) {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Fatalf("minute %s is in %d partitions, want 1: %+v", d.Format(time.TimeOnly), n, ps)
+		}
+	}
+}

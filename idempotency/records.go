@@ -1,15 +1,13 @@
 package idempotency
 
-import (
-	"strconv"
-	"time"
-)
+import "strconv"
 
 // Horizon bounds the expiry of any live record: a record is written
 // with now() + TTL, and a writer that committed before this transaction
 // read may have started a little after it. Records beyond it cannot exist,
-// so partitions beyond it are pruned from the lookup.
-const Horizon = TTL + time.Hour
+// so partitions beyond it are pruned from the lookup. The "little" is
+// DropMargin, which bounds an ingest transaction as generously (an hour).
+var Horizon = TTL + DropMargin
 
 // LookupSQL reads the newest stored record of each key in $2 of tenant $1,
 // live or expired. The lookup is one index probe per key and partition on

@@ -28,8 +28,9 @@ import (
 )
 
 // KeyTTL is how long an idempotency record is kept and replayed. It is
-// advertised in the README and api/openapi.yaml.
-const KeyTTL = idempotency.TTL
+// advertised in the README and api/openapi.yaml (24 hours; a development
+// build may compress it, idempotency/layout_dev.go).
+var KeyTTL = idempotency.TTL
 
 // retryAfterInProgress is the Retry-After of a 409 in progress: an ingest
 // transaction takes milliseconds, so one second is ample.

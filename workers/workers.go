@@ -14,6 +14,7 @@ import (
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/alerts"
+	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/meters"
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/retention"
@@ -53,10 +54,12 @@ type Config struct {
 	JobTimeout time.Duration
 	// FetchCooldown is River's minimum time between fetches of jobs.
 	FetchCooldown time.Duration
-	// ReapInterval is how often the idempotency records' and the webhook
-	// events' partitions are kept (expired ones dropped, those ahead
-	// created).
-	ReapInterval time.Duration
+	// ReapInterval is how often the webhook events' and the usage logs'
+	// partitions are kept (expired ones dropped, those ahead created);
+	// IdempotencyInterval, the idempotency records' (default
+	// idempotency.MaintainEvery: the same ten minutes, unless a
+	// development build compresses the records' time).
+	ReapInterval, IdempotencyInterval time.Duration
 	// StopTimeout bounds how long in-flight jobs may run after a stop
 	// signal before they are cancelled and handed back to the queue.
 	StopTimeout time.Duration
@@ -150,7 +153,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 			alerts.QueueAlerts: {MaxWorkers: cfg.AlertWorkers},
 		},
 		PeriodicJobs: []*river.PeriodicJob{
-			river.NewPeriodicJob(river.PeriodicInterval(cfg.ReapInterval),
+			river.NewPeriodicJob(river.PeriodicInterval(cfg.IdempotencyInterval),
 				func() (river.JobArgs, *river.InsertOpts) { return outbox.ExpireIdempotencyKeysArgs{}, nil },
 				&river.PeriodicJobOpts{ID: "expire_idempotency_keys", RunOnStart: true}),
 			river.NewPeriodicJob(river.PeriodicInterval(cfg.SweepInterval),
@@ -223,6 +226,7 @@ func (cfg Config) withDefaults() Config {
 	}
 	def(&cfg.StreamIdleTimeout, DefaultStreamIdleTimeout)
 	def(&cfg.ReapInterval, 10*time.Minute)
+	def(&cfg.IdempotencyInterval, idempotency.MaintainEvery)
 	def(&cfg.RetentionInterval, DefaultRetentionInterval)
 	def(&cfg.StopTimeout, 20*time.Second)
 	def(&cfg.IdempotencyWindow, overage.StripeIdempotencyWindow)
