@@ -10,6 +10,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -183,23 +184,23 @@ func dropExpired(ctx context.Context, db DB, l layout) ([]string, error) {
 	return dropped, nil
 }
 
-// Maintain drops the expired partitions and creates the missing ones: what
-// `overage work` runs every MaintainEvery.
+// Maintain creates the missing partitions and drops the expired ones: what
+// `overage work` runs every MaintainEvery. The partitions ahead are made
+// first and whatever the drops do: ingest fails without them, while a drop
+// that fails (a DETACH … CONCURRENTLY cut short under load) only leaves a
+// partition for the next run.
 func Maintain(ctx context.Context, db DB, logger *slog.Logger) error {
 	return maintain(ctx, db, logger, lay)
 }
 
 func maintain(ctx context.Context, db DB, logger *slog.Logger, l layout) error {
-	dropped, err := dropExpired(ctx, db, l)
-	for _, name := range dropped {
-		logger.InfoContext(ctx, "expired idempotency records dropped", "partition", name)
-	}
-	if err != nil {
-		return err
-	}
-	created, err := ensurePartitions(ctx, db, l)
+	created, createErr := ensurePartitions(ctx, db, l)
 	for _, name := range created {
 		logger.InfoContext(ctx, "idempotency record partition created", "partition", name)
 	}
-	return err
+	dropped, dropErr := dropExpired(ctx, db, l)
+	for _, name := range dropped {
+		logger.InfoContext(ctx, "expired idempotency records dropped", "partition", name)
+	}
+	return errors.Join(createErr, dropErr)
 }

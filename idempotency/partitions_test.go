@@ -313,3 +313,27 @@ func TestCompressedMaintainDropsEachWhollyExpiredMinute(t *testing.T) {
 		}
 	}
 }
+
+// A drop that fails must not keep the partitions ahead from being made:
+// ingest fails without them, while an expired partition left behind only
+// waits for the next run. A detached leftover a view depends on cannot be
+// dropped; the last day ahead, removed, must come back all the same.
+func TestMaintainMakesThePartitionsAheadWhenADropFails(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	today := dbToday(t, pool)
+	makeDayPartitions(t, pool, today)
+	last := today.AddDate(0, 0, idempotency.Ahead)
+	exec(t, pool, fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s`, dayName(last)))
+	exec(t, pool, fmt.Sprintf(`DROP TABLE %s`, dayName(last)))
+	old := today.AddDate(0, 0, -2)
+	createDay(t, pool, old)
+	exec(t, pool, fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s`, dayName(old)))
+	exec(t, pool, fmt.Sprintf(`CREATE VIEW keeps_the_leftover AS SELECT * FROM %s`, dayName(old)))
+	if err := idempotency.Maintain(context.Background(), pool, slog.Default()); err == nil {
+		t.Fatal("Maintain reported no error though the leftover could not be dropped")
+	}
+	if got := count(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency_keys'::regclass AND inhrelid = to_regclass($1)`, dayName(last)); got != 1 {
+		t.Fatalf("the day ahead %s was not made again after the failed drop", dayName(last))
+	}
+}
