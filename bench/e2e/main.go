@@ -20,9 +20,7 @@ import (
 	"log"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -98,46 +96,29 @@ func run(p params) error {
 	}
 	defer work.Stop()
 
-	// Each tenant sends a batch every interval, the tenants staggered
-	// evenly across it. A tenant whose answer comes late sends its next
-	// batch at once, so the offer is kept as long as the server can.
-	interval := time.Duration(float64(time.Second) * float64(p.tenants*p.batch) / p.rate)
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: p.tenants}, Timeout: time.Minute}
+	// The open-loop offer of benchkit.Offer: each tenant a batch every
+	// interval, staggered; a late answer sends the next batch at once.
 	var (
 		mu       sync.Mutex
 		acks     []ack
 		statuses = map[int]int{}
 		failed   int
-		seq      atomic.Int64
-		wg       sync.WaitGroup
+		sentN    int64
 	)
 	busy0, total0 := benchkit.MachineCPU()
 	start := time.Now()
-	for tn := 1; tn <= p.tenants; tn++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for k := 0; ; k++ {
-				at := start.Add(interval*time.Duration(tn-1)/time.Duration(p.tenants) + interval*time.Duration(k))
-				if at.Sub(start) >= p.duration {
-					return
-				}
-				time.Sleep(time.Until(at))
-				n := seq.Add(1)
-				status, err := benchkit.Post(hc, "http://"+p.addr+"/v1/usage-events/batch", benchkit.BenchKey(tn),
-					"e2e-"+strconv.FormatInt(n, 10), p.event.Batch(strconv.FormatInt(n, 10)+".", p.batch))
-				acked := time.Now()
-				mu.Lock()
-				if err != nil {
-					failed++
-				} else if statuses[status]++; status == http.StatusAccepted {
-					acks = append(acks, ack{seq: n, at: acked})
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
+	o := benchkit.Offer{Addr: p.addr, Tenants: p.tenants, Batch: p.batch, Rate: p.rate, Duration: p.duration,
+		Event: p.event, KeyPrefix: "e2e-"}
+	o.Run(start, func(n int64, status int, err error, acked time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		sentN++
+		if err != nil {
+			failed++
+		} else if statuses[status]++; status == http.StatusAccepted {
+			acks = append(acks, ack{seq: n, at: acked})
+		}
+	})
 	sent := time.Since(start)
 	busy1, total1 := benchkit.MachineCPU()
 	// serve's work is done once the last batch is answered; its CPU over
@@ -183,7 +164,7 @@ func run(p params) error {
 	billingSpan := f.LastBilled.Sub(start).Seconds()
 	out := map[string]any{
 		"tenants": p.tenants, "batch": p.batch, "offered_events_per_s": p.rate, "seconds_offered": p.duration.Seconds(),
-		"events_acked": events, "batches_not_acked": seq.Load() - int64(len(acks)), "batches_unanswered": failed, "statuses": statuses,
+		"events_acked": events, "batches_not_acked": sentN - int64(len(acks)), "batches_unanswered": failed, "statuses": statuses,
 		"ingested_events_per_s": float64(events) / lastAck.Sub(start).Seconds(),
 		"logs":                  f.Logs, "billed": f.Billed, "not_billed": f.Logs - f.Billed,
 		"billed_events_per_s":     float64(f.Billed) / billingSpan,

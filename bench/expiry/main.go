@@ -33,7 +33,6 @@ import (
 	"os"
 	"runtime"
 	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -403,42 +402,25 @@ func maintenance(ctx context.Context, pool *pgxpool.Pool, from, to time.Time) (m
 	return m, nil
 }
 
-// offer sends the batches, open loop as bench/e2e: each tenant a batch
-// every interval, the tenants staggered across it; a tenant whose answer
-// comes late sends its next at once. It returns when each 202 came, and
-// how many batches were sent.
+// offer sends the batches, open loop as bench/e2e (benchkit.Offer). It
+// returns when each 202 came, and how many batches were sent.
 func offer(p params, start time.Time) ([]time.Time, int64) {
-	interval := time.Duration(float64(time.Second) * float64(p.tenants*p.batch) / p.rate)
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: p.tenants}, Timeout: time.Minute}
 	var (
-		mu   sync.Mutex
-		acks []time.Time
-		seq  atomic.Int64
-		wg   sync.WaitGroup
+		mu    sync.Mutex
+		acks  []time.Time
+		total atomic.Int64
 	)
-	for tn := 1; tn <= p.tenants; tn++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for k := 0; ; k++ {
-				at := start.Add(interval*time.Duration(tn-1)/time.Duration(p.tenants) + interval*time.Duration(k))
-				if at.Sub(start) >= p.duration {
-					return
-				}
-				time.Sleep(time.Until(at))
-				n := seq.Add(1)
-				status, err := benchkit.Post(hc, "http://"+p.addr+"/v1/usage-events/batch", benchkit.BenchKey(tn),
-					"expiry-"+strconv.FormatInt(n, 10), benchkit.DefaultEvent.Batch(strconv.FormatInt(n, 10)+".", p.batch))
-				if err == nil && status == http.StatusAccepted {
-					mu.Lock()
-					acks = append(acks, time.Now())
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return acks, seq.Load()
+	o := benchkit.Offer{Addr: p.addr, Tenants: p.tenants, Batch: p.batch, Rate: p.rate, Duration: p.duration,
+		Event: benchkit.DefaultEvent, KeyPrefix: "expiry-"}
+	o.Run(start, func(_ int64, status int, err error, at time.Time) {
+		total.Add(1)
+		if err == nil && status == http.StatusAccepted {
+			mu.Lock()
+			acks = append(acks, at)
+			mu.Unlock()
+		}
+	})
+	return acks, total.Load()
 }
 
 func later(a, b time.Time) time.Time {

@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -283,4 +285,52 @@ func SumCPU(snapshots ...map[int]time.Duration) time.Duration {
 		sum += d
 	}
 	return sum
+}
+
+// Offer is an open-loop offer of batches: each of Tenants sends a batch of
+// Batch events of Event every interval (Tenants × Batch / Rate seconds),
+// the tenants staggered evenly across it, from Start for Duration. A
+// tenant whose answer comes late sends its next batch at once, so the
+// offer is kept as long as the server can.
+type Offer struct {
+	Addr     string
+	Tenants  int
+	Batch    int
+	Rate     float64 // events a second offered
+	Duration time.Duration
+	Event    Event
+	// KeyPrefix starts each batch's Idempotency-Key, followed by its
+	// sequence number (1, 2, …), which also prefixes its request_ids.
+	KeyPrefix string
+}
+
+// Run sends the offer from start and returns once every batch is
+// answered. answered is called, from many goroutines, with each batch's
+// sequence number, the status (or the error) and when the answer came.
+func (o Offer) Run(start time.Time, answered func(seq int64, status int, err error, at time.Time)) {
+	interval := time.Duration(float64(time.Second) * float64(o.Tenants*o.Batch) / o.Rate)
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.Tenants}, Timeout: time.Minute}
+	var (
+		seq atomic.Int64
+		wg  sync.WaitGroup
+	)
+	for tn := 1; tn <= o.Tenants; tn++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := 0; ; k++ {
+				at := start.Add(interval*time.Duration(tn-1)/time.Duration(o.Tenants) + interval*time.Duration(k))
+				if at.Sub(start) >= o.Duration {
+					return
+				}
+				time.Sleep(time.Until(at))
+				n := seq.Add(1)
+				id := strconv.FormatInt(n, 10)
+				status, err := Post(hc, "http://"+o.Addr+"/v1/usage-events/batch", BenchKey(tn),
+					o.KeyPrefix+id, o.Event.Batch(id+".", o.Batch))
+				answered(n, status, err, time.Now())
+			}
+		}()
+	}
+	wg.Wait()
 }
