@@ -168,7 +168,7 @@ func TestConcurrentBatchesSplitExactlyPerMeter(t *testing.T) {
 		SELECT 'input', overage_input_tokens, 0::bigint
 		FROM usage_logs WHERE tenant_id = $1
 		UNION ALL SELECT 'output', overage_output_tokens, output_tokens FROM usage_logs WHERE tenant_id = $1
-		UNION ALL SELECT x.k, x.o, x.t FROM usage_logs, unnest(meter_keys, meter_overage, meter_tokens) AS x (k, o, t) WHERE tenant_id = $1`,
+		UNION ALL SELECT x.k, x.o, x.t FROM usage_logs, unnest(meter_keys, meter_overage, coalesce(meter_tokens, meter_overage)) AS x (k, o, t) WHERE tenant_id = $1`,
 		b.capped.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func TestConcurrentBatchesSplitExactlyPerMeter(t *testing.T) {
 			t.Fatalf("finance for %s: %+v", k, r.Tenants[0].Counters)
 		}
 		// At most one event straddles the meter's allowance.
-		if s := b.count(t, `SELECT count(*) FROM usage_logs, unnest(meter_keys, meter_overage, meter_tokens) AS x (k, o, t)
+		if s := b.count(t, `SELECT count(*) FROM usage_logs, unnest(meter_keys, meter_overage, coalesce(meter_tokens, meter_overage)) AS x (k, o, t)
 			WHERE tenant_id = $1 AND x.k = $2 AND x.o BETWEEN 1 AND x.t - 1`, b.capped.ID, k); s > 1 {
 			t.Fatalf("%d events straddle the allowance of %s", s, k)
 		}
@@ -320,7 +320,7 @@ func TestStreamsWhoseCacheCountsGrowBillEachMeterItsShare(t *testing.T) {
 		out := map[string]int64{}
 		rows, err := b.pool.Query(context.Background(), `
 			SELECT 'output', output_tokens FROM usage_logs WHERE stream_request_id = 'stream-1'
-			UNION ALL SELECT x.k, x.t FROM usage_logs, unnest(meter_keys, meter_tokens) AS x (k, t) WHERE stream_request_id = 'stream-1'
+			UNION ALL SELECT x.k, x.t FROM usage_logs, unnest(meter_keys, coalesce(meter_tokens, meter_overage)) AS x (k, t) WHERE stream_request_id = 'stream-1'
 			UNION ALL SELECT 'all_input', input_tokens FROM usage_logs WHERE stream_request_id = 'stream-1'`)
 		if err != nil {
 			t.Fatal(err)
@@ -529,5 +529,57 @@ func TestMeterTotalsOfEveryMonthOfABatch(t *testing.T) {
 	}
 	if c := b.count(t, `SELECT count(*) FROM meter_usage WHERE tenant_id = $1 AND period_start = $2 AND slot > 0`, b.capped.ID, month); c != 0 {
 		t.Fatal("this month, with allowance left, was not ordered")
+	}
+}
+
+// A log whose every line is wholly overage stores its tokens once
+// (meter_tokens NULL, read back as meter_overage); a log with a line
+// partly within an allowance keeps both arrays. Either reads back, answers,
+// replays and rolls up with its own tokens.
+func TestALogWhollyInOverageStoresItsMeterTokensOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.createMeters(t,
+		meters.CreateParams{Key: "gpt4o_input", EventName: "gpt4o_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}},
+		meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
+	if _, err := b.pool.Exec(context.Background(), `UPDATE tenants SET included_meters = '{"gpt4o_input": 50}' WHERE id = $1`,
+		b.capped.ID); err != nil {
+		t.Fatal(err)
+	}
+	// 70 fresh input against 50 included: the first log splits; the
+	// second is wholly overage.
+	first := b.post(t, b.capped.APIKey, "first", partsEvent("gpt-4o", 100, 30, 0, 0, 0))
+	requireStatus(t, first, http.StatusAccepted)
+	second := b.post(t, b.capped.APIKey, "second", partsEvent("gpt-4o", 100, 30, 0, 0, 0))
+	requireStatus(t, second, http.StatusAccepted)
+	for _, c := range []struct {
+		r       response
+		stored  bool // meter_tokens stored as an array
+		overage int64
+		cacheOv int64
+	}{{first, true, 20, 30}, {second, false, 70, 30}} {
+		var l overage.UsageLog
+		if err := json.Unmarshal(c.r.body, &l); err != nil {
+			t.Fatal(err)
+		}
+		var stored bool
+		if err := b.pool.QueryRow(context.Background(), `SELECT meter_tokens IS NOT NULL FROM usage_logs WHERE id = $1`, l.ID).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if stored != c.stored {
+			t.Fatalf("log %s: meter_tokens stored %v, want %v", l.ID, stored, c.stored)
+		}
+		lines := meterLines(t, c.r.body)
+		if in := lines["gpt4o_input"]; in.Tokens != 70 || in.Overage != c.overage || lines["cache_reads"].Tokens != 30 || lines["cache_reads"].Overage != c.cacheOv {
+			t.Fatalf("log %s: lines %+v", l.ID, lines)
+		}
+		g := b.do(t, http.MethodGet, "/v1/usage-events/"+l.ID.String(), b.capped.APIKey, "", "")
+		requireStatus(t, g, http.StatusOK)
+		if got := meterLines(t, g.body); fmt.Sprint(got) != fmt.Sprint(lines) {
+			t.Fatalf("log %s: GET lines %v, answer lines %v", l.ID, got, lines)
+		}
+	}
+	if rr := b.post(t, b.capped.APIKey, "second", partsEvent("gpt-4o", 100, 30, 0, 0, 0)); string(rr.body) != string(second.body) {
+		t.Fatalf("replay\n%s\nfirst\n%s", rr.body, second.body)
 	}
 }

@@ -19,7 +19,10 @@ import "fmt"
 // $25 stream_request_id, $26 corrected_by. The lines of the meters other
 // than the defaults are flat: $17 each log's meter keys joined by commas
 // (NULL: none), $18 and $19 the tokens and overage of every log's lines,
-// $20 and $21 each log's offset and count in them.
+// $20 and $21 each log's offset and count in them. A log whose every line
+// is wholly overage (the common case once an allowance is spent) stores
+// meter_tokens NULL: it equals meter_overage, and its 45 bytes were a
+// seventh of such a row (MeterTokensSQL reads it back).
 const InsertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 		period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
 		cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
@@ -27,7 +30,7 @@ const InsertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_i
 		corrects, correction_reason, stream_request_id, corrected_by)
 	SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13, u.cr, u.cw, u.rs,
 		string_to_array(u.mk, ','),
-		CASE WHEN u.cnt > 0 THEN ($18::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
+		CASE WHEN u.cnt > 0 THEN nullif(($18::bigint[])[u.lo + 1 : u.lo + u.cnt], ($19::bigint[])[u.lo + 1 : u.lo + u.cnt]) END,
 		CASE WHEN u.cnt > 0 THEN ($19::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
 		CASE WHEN u.reported THEN 'reported' END,
 		u.corrects, u.reason, u.srid, u.cby

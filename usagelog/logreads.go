@@ -50,11 +50,15 @@ var LogsByRequestIDSQL = `SELECT ` + LogColumns + `
 // bounds the claims' reasoning and the tests.
 const ReplayHorizon = overage.MaxEventAge + overage.MaxFutureSkew + ClaimWindow
 
+// MeterTokensSQL reads a log's meter_tokens: NULL when they equal its
+// meter_overage (InsertSQL stores them so), the array otherwise.
+const MeterTokensSQL = `coalesce(meter_tokens, meter_overage)`
+
 const LogColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
 	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
-	corrects, correction_reason, meter_keys, meter_tokens, meter_overage, meter_leads, meter_accepted_at, corrected_by,
+	corrects, correction_reason, meter_keys, ` + MeterTokensSQL + `, meter_overage, meter_leads, meter_accepted_at, corrected_by,
 	coalesce(stripe_timestamp, 'usage')`
 
 // GetLogSQL reads the log $1.

@@ -196,7 +196,7 @@ func rollUpSQL(rel string) string {
 		if output {
 			not = ""
 		}
-		return `coalesce((SELECT sum(x.t) FROM unnest(u.meter_keys, u.meter_tokens) AS x (k, t) JOIN meters m ON m.key = x.k
+		return `coalesce((SELECT sum(x.t) FROM unnest(u.meter_keys, coalesce(u.meter_tokens, u.meter_overage)) AS x (k, t) JOIN meters m ON m.key = x.k
 			WHERE m.token_type ` + not + `IN (` + outputTypesSQL + `)), 0)`
 	}
 	return `INSERT INTO usage_rollups AS r (tenant_id, day, meter, model_id, billing_day,
@@ -213,7 +213,7 @@ func rollUpSQL(rel string) string {
 			CROSS JOIN LATERAL (
 				SELECT 'input'::text AS meter, u.input_tokens - ` + others(false) + ` AS tokens, u.overage_input_tokens AS overage, u.input_report_lead AS lead
 				UNION ALL SELECT 'output', u.output_tokens - ` + others(true) + `, u.overage_output_tokens, u.output_report_lead
-				UNION ALL SELECT x.k, x.t, x.o, x.l FROM unnest(u.meter_keys, u.meter_tokens, u.meter_overage, u.meter_leads) AS x (k, t, o, l)
+				UNION ALL SELECT x.k, x.t, x.o, x.l FROM unnest(u.meter_keys, coalesce(u.meter_tokens, u.meter_overage), u.meter_overage, u.meter_leads) AS x (k, t, o, l)
 			) AS d) l
 		GROUP BY 1, 2, 3, 4, 5
 		ON CONFLICT (tenant_id, day, meter, model_id, billing_day) DO UPDATE SET

@@ -419,7 +419,7 @@ func TestChaos(t *testing.T) {
 		want := map[string][3]int64{}
 		rows, err := pool.Query(context.Background(), `
 			WITH l AS (SELECT * FROM usage_logs WHERE tenant_id = $1 AND period_start = date_trunc('month', now(), 'UTC')),
-			x AS (SELECT l.billing_status, k.k, k.t, k.o FROM l, unnest(l.meter_keys, l.meter_tokens, l.meter_overage) AS k (k, t, o))
+			x AS (SELECT l.billing_status, k.k, k.t, k.o FROM l, unnest(l.meter_keys, coalesce(l.meter_tokens, l.meter_overage), l.meter_overage) AS k (k, t, o))
 			SELECT 'input', coalesce(sum(input_tokens), 0) - (SELECT coalesce(sum(t), 0) FROM x), coalesce(sum(overage_input_tokens), 0),
 				coalesce(sum(overage_input_tokens) FILTER (WHERE billing_status = 'billed'), 0) FROM l
 			UNION ALL SELECT 'output', coalesce(sum(output_tokens), 0), coalesce(sum(overage_output_tokens), 0),
