@@ -2,8 +2,11 @@
 # The cost of reading every kept partition in the lookups by request_id
 # (issue 18): a database with a year of monthly partitions (13 past and
 # current months, FLOOR_LOGS (50,000) billed logs under request_ids in each
-# past one, VACUUM ANALYZE), then single events (32 clients, one tenant)
-# and batches of 100 (8 clients, 100 tenants) for FLOOR_SECONDS (20) each
+# past one, VACUUM ANALYZE), then single events (32 clients, one tenant),
+# the same each under a new request_id (ingestload -request-ids: an event
+# without one never runs the lookup by request_id) and batches of 100 (8
+# clients, 100 tenants, every event under a request_id) for FLOOR_SECONDS
+# (20) each
 # through `overage serve` built two ways, A B B A on the same database:
 #   A  bin/overage-floor: the lookups read only the partitions from the
 #      month of 36 days ago (ReplayFloorSQL, as before), built by
@@ -68,13 +71,14 @@ run() { # run BIN NAME
   for _ in $(seq 1 100); do curl -fs "http://$ADDR/readyz" >/dev/null && break; sleep 0.1; done
   local l0; l0=$(cut -d' ' -f1 /proc/loadavg)
   LOG_LEVEL=error ./bin/ingestload -url "http://$ADDR" -duration "${FLOOR_SECONDS}s" -clients 32 -tenants 1 2>/dev/null > /tmp/$BENCH_DB.s.json || true
+  LOG_LEVEL=error ./bin/ingestload -url "http://$ADDR" -duration "${FLOOR_SECONDS}s" -clients 32 -tenants 1 -request-ids 2>/dev/null > /tmp/$BENCH_DB.r.json || true
   ./bin/ingestload -url "http://$ADDR" -duration "${FLOOR_SECONDS}s" -clients 8 -tenants 100 -batch 100 2>/dev/null > /tmp/$BENCH_DB.b.json || true
   stop
-  python3 - "$2" "$l0" "$(cut -d' ' -f1 /proc/loadavg)" /tmp/$BENCH_DB.s.json /tmp/$BENCH_DB.b.json <<'PY'
+  python3 - "$2" "$l0" "$(cut -d' ' -f1 /proc/loadavg)" /tmp/$BENCH_DB.s.json /tmp/$BENCH_DB.r.json /tmp/$BENCH_DB.b.json <<'PY'
 import json, sys
-name, l0, l1, s, b = sys.argv[1:]
-s, b = json.load(open(s)), json.load(open(b))
-print(f"{name}: singles {s['events_per_s']:.0f} events/s p99 {s.get('p99_ms', 0):.1f} ms; batches {b['events_per_s']:.0f} events/s p99 {b.get('p99_ms', 0):.1f} ms; load {l0} -> {l1}")
+name, l0, l1, s, r, b = sys.argv[1:]
+s, r, b = json.load(open(s)), json.load(open(r)), json.load(open(b))
+print(f"{name}: singles {s['events_per_s']:.0f} events/s p99 {s.get('p99_ms', 0):.1f} ms; singles with request_ids {r['events_per_s']:.0f} events/s p99 {r.get('p99_ms', 0):.1f} ms; batches {b['events_per_s']:.0f} events/s p99 {b.get('p99_ms', 0):.1f} ms; load {l0} -> {l1}")
 PY
 }
 run "$FLOOR_BIN" "A floor" ; run ./bin/overage "B every partition"; run ./bin/overage "B every partition"; run "$FLOOR_BIN" "A floor"

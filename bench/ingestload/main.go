@@ -28,6 +28,7 @@ func main() {
 	batch := flag.Int("batch", 0, "events per request on the batch endpoint; 0 sends single events")
 	model := flag.String("model", benchkit.DefaultEvent.Model, "model_id of every event")
 	cacheRead := flag.Int("cache-read", 0, "cache_read_input_tokens of every event (of its 1,200 input tokens); 0 sends none")
+	requestIDs := flag.Bool("request-ids", false, "give every single event a new request_id (batches always carry them): without one ingest skips the lookup of earlier logs by request_id")
 	window := flag.Duration("window", 0, "also print events/s and p99 of each window this long (a soak); 0: only the totals")
 	flag.Parse()
 	windows := newWindows(*window, max(1, *batch))
@@ -54,6 +55,9 @@ func main() {
 			for i := 0; ctx.Err() == nil; i++ {
 				tenant := (c*7919+i)%*tenants + 1
 				body, path := ev.Single(i), "/v1/usage-events"
+				if *requestIDs {
+					body = ev.SingleWithRequestID(i, fmt.Sprintf("s-%d-%d-%d", start.UnixNano(), c, i))
+				}
 				if *batch > 0 {
 					path = "/v1/usage-events/batch"
 					body = ev.Batch(fmt.Sprintf("r-%d-%d-%d-", start.UnixNano(), c, i), *batch)

@@ -61,6 +61,16 @@ func (e Event) Single(i int) string {
 	return b.String()
 }
 
+// SingleWithRequestID is Single under the request_id rid: a lookup of
+// earlier logs by request_id runs for it (an event without one skips it).
+func (e Event) SingleWithRequestID(i int, rid string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `{"request_id":"%s","user_id":"u_%d",`, rid, i)
+	e.fields(&b)
+	b.WriteByte('}')
+	return b.String()
+}
+
 // Batch is n usage events for POST /v1/usage-events/batch, their
 // request_ids requestIDPrefix followed by the event's index, so a caller
 // can find a batch's usage logs again.
