@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/finance"
 	"github.com/overage-billing/overage/meters"
@@ -27,6 +29,14 @@ func (b *bundle) createMeters(t *testing.T, ps ...meters.CreateParams) {
 }
 
 // meterLines are a log's meter lines, by meter.
+// includeMeters sets the tenant's allowances of the other meters (JSON).
+func (b *bundle) includeMeters(t *testing.T, tenant uuid.UUID, included string) {
+	t.Helper()
+	if _, err := b.pool.Exec(context.Background(), `UPDATE tenants SET included_meters = $2::jsonb WHERE id = $1`, tenant, included); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func meterLines(t *testing.T, body []byte) map[string]overage.MeterLine {
 	t.Helper()
 	var l struct {
@@ -135,10 +145,7 @@ func TestConcurrentBatchesSplitExactlyPerMeter(t *testing.T) {
 	b.createMeters(t,
 		meters.CreateParams{Key: "gpt4o_input", EventName: "gpt4o_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}},
 		meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
-	if _, err := b.pool.Exec(context.Background(), `UPDATE tenants SET included_meters = '{"gpt4o_input": 700, "cache_reads": 90}' WHERE id = $1`,
-		b.capped.ID); err != nil {
-		t.Fatal(err)
-	}
+	b.includeMeters(t, b.capped.ID, `{"gpt4o_input": 700, "cache_reads": 90}`)
 	// 20 batches x 6 events, half gpt-4o, half claude: input 30 with 5
 	// cache reads, output 10 each. gpt4o_input gets 60 x 25 = 1500 against
 	// 700; input (claude's) 60 x 25 = 1500 against 1000; cache_reads 120 x
@@ -468,9 +475,7 @@ func TestMeterTotalsOfASubscriptionPeriodSpareTheOrder(t *testing.T) {
 		VALUES ($1, 'sub_1', 'active', $2, $3, now())`, b.capped.ID, start, now.Add(30*24*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.pool.Exec(ctx, `UPDATE tenants SET included_meters = '{"m_input": 1000}' WHERE id = $1`, b.capped.ID); err != nil {
-		t.Fatal(err)
-	}
+	b.includeMeters(t, b.capped.ID, `{"m_input": 1000}`)
 	at := func(rid string, in int) string {
 		return fmt.Sprintf(`{"request_id":%q,"timestamp":%q,"user_id":"u","model_id":"gpt-4o","input_tokens":%d,"output_tokens":0}`,
 			rid, now.Add(-time.Hour).Format(time.RFC3339Nano), in)
@@ -501,11 +506,8 @@ func TestMeterTotalsOfASubscriptionPeriodSpareTheOrder(t *testing.T) {
 func TestMeterTotalsOfEveryMonthOfABatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := context.Background()
 	b.createMeters(t, meters.CreateParams{Key: "m_input", EventName: "m_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}})
-	if _, err := b.pool.Exec(ctx, `UPDATE tenants SET included_meters = '{"m_input": 1000}' WHERE id = $1`, b.capped.ID); err != nil {
-		t.Fatal(err)
-	}
+	b.includeMeters(t, b.capped.ID, `{"m_input": 1000}`)
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
 	last := month.AddDate(0, -1, 0)
@@ -542,10 +544,7 @@ func TestALogWhollyInOverageStoresItsMeterTokensOnce(t *testing.T) {
 	b.createMeters(t,
 		meters.CreateParams{Key: "gpt4o_input", EventName: "gpt4o_input_tokens", TokenType: overage.TokenInput, Models: []string{"gpt-4o"}},
 		meters.CreateParams{Key: "cache_reads", EventName: "cache_read_tokens", TokenType: overage.TokenCacheRead})
-	if _, err := b.pool.Exec(context.Background(), `UPDATE tenants SET included_meters = '{"gpt4o_input": 50}' WHERE id = $1`,
-		b.capped.ID); err != nil {
-		t.Fatal(err)
-	}
+	b.includeMeters(t, b.capped.ID, `{"gpt4o_input": 50}`)
 	// 70 fresh input against 50 included: the first log splits; the
 	// second is wholly overage.
 	first := b.post(t, b.capped.APIKey, "first", partsEvent("gpt-4o", 100, 30, 0, 0, 0))
