@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage"
 	"github.com/overage-billing/overage/internal/pgpartition"
@@ -36,6 +37,16 @@ type Partition = pgpartition.Partition
 // lockID serialises partition changes of concurrent workers and migrators
 // ("ovg-idem" read as a big-endian integer).
 const lockID int64 = 0x6f76672d6964656d
+
+// maintainLockID makes Maintain and DropExpired runs one at a time
+// ("ovg-idmt" read as a big-endian integer): two of them racing would
+// DETACH the same partition, and the second fails (the partition is
+// pending detach, or gone). It is a session lock, not a transaction's:
+// DETACH … CONCURRENTLY cannot run in a transaction block, so the run
+// holds it on one connection from first statement to last. It is apart
+// from lockID so that a migrator's EnsurePartitions waits only for the
+// creations, as before, not for a detach waiting on long transactions.
+const maintainLockID int64 = 0x6f76672d69646d74
 
 // Partitions lists the partitions, oldest first.
 func Partitions(ctx context.Context, db DB) ([]Partition, error) {
@@ -142,8 +153,54 @@ func ensurePartitions(ctx context.Context, db DB, l layout) ([]string, error) {
 // DropMargin ago or more, and returns their names. DETACH CONCURRENTLY
 // waits for every transaction that may still read the partition and takes
 // no lock that stops ingest; one left pending by a crash is finished first.
+//
+// Another run in progress (Maintain's or DropExpired's, in any process)
+// makes this one do nothing: it returns no names and no error.
 func DropExpired(ctx context.Context, db DB) ([]string, error) {
-	return dropExpired(ctx, db, lay)
+	var dropped []string
+	_, err := withMaintainLock(ctx, db, func(db DB) error {
+		var err error
+		dropped, err = dropExpired(ctx, db, lay)
+		return err
+	})
+	return dropped, err
+}
+
+// withMaintainLock runs fn on one session holding maintainLockID, and
+// reports whether it ran: false, with no error, when another session holds
+// it (pg_try_advisory_lock, so a run never queues behind one that may be
+// waiting on a long transaction). A pool lends a connection for the run;
+// any other db is taken to be one session already (a connection: DETACH
+// CONCURRENTLY fails in a transaction).
+func withMaintainLock(ctx context.Context, db DB, fn func(DB) error) (bool, error) {
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return false, fmt.Errorf("acquire a connection for idempotency record partitions: %w", err)
+		}
+		defer conn.Release()
+		db = conn
+	}
+	var got bool
+	if err := db.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, maintainLockID).Scan(&got); err != nil {
+		return false, fmt.Errorf("lock idempotency record maintenance: %w", err)
+	}
+	if !got {
+		return false, nil
+	}
+	defer func() {
+		// Not cut by ctx: a lock left on a connection back in the pool
+		// would stop every later run of this process and the others'.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := db.Exec(uctx, `SELECT pg_advisory_unlock($1)`, maintainLockID); err != nil {
+			if conn, ok := db.(*pgxpool.Conn); ok {
+				// Closed, the pool drops it, and the lock ends with its session.
+				_ = conn.Conn().Close(uctx)
+			}
+		}
+	}()
+	return true, fn(db)
 }
 
 // dropExpired is DropExpired with l's margin.
@@ -189,11 +246,25 @@ func dropExpired(ctx context.Context, db DB, l layout) ([]string, error) {
 // first and whatever the drops do: ingest fails without them, while a drop
 // that fails (a DETACH … CONCURRENTLY cut short under load) only leaves a
 // partition for the next run.
+//
+// Runs are one at a time (maintainLockID, held on one connection of db
+// for the whole run): one that finds another in progress, in this process
+// or another `work`, logs it and returns nil, since that one makes the
+// partitions ahead and drops the expired ones.
 func Maintain(ctx context.Context, db DB, logger *slog.Logger) error {
 	return maintain(ctx, db, logger, lay)
 }
 
 func maintain(ctx context.Context, db DB, logger *slog.Logger, l layout) error {
+	ran, err := withMaintainLock(ctx, db, func(db DB) error { return maintainLocked(ctx, db, logger, l) })
+	if err == nil && !ran {
+		logger.InfoContext(ctx, "idempotency record partitions: another maintenance run is in progress; skipped")
+	}
+	return err
+}
+
+// maintainLocked is Maintain on db, one session holding maintainLockID.
+func maintainLocked(ctx context.Context, db DB, logger *slog.Logger, l layout) error {
 	created, createErr := ensurePartitions(ctx, db, l)
 	for _, name := range created {
 		logger.InfoContext(ctx, "idempotency record partition created", "partition", name)

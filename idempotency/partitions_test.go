@@ -1,9 +1,11 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -335,5 +337,86 @@ func TestMaintainMakesThePartitionsAheadWhenADropFails(t *testing.T) {
 	}
 	if got := count(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency_keys'::regclass AND inhrelid = to_regclass($1)`, dayName(last)); got != 1 {
 		t.Fatalf("the day ahead %s was not made again after the failed drop", dayName(last))
+	}
+}
+
+// Two runs at once (two `work` replicas, or a run River started again
+// while the last still waits on a long transaction) do not race to detach
+// the same partition: the second finds the first in progress and skips,
+// without an error, and each expired partition is detached and dropped
+// exactly once.
+func TestConcurrentMaintainDropsEachExpiredPartitionOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	ctx := context.Background()
+	today := dbToday(t, pool)
+	makeDayPartitions(t, pool, today)
+	var expired []string
+	for back := 2; back <= 4; back++ {
+		createDay(t, pool, today.AddDate(0, 0, -back))
+		expired = append(expired, dayName(today.AddDate(0, 0, -back)))
+	}
+	// A transaction that read the table: the first run's DETACH …
+	// CONCURRENTLY waits for it, so the second starts while the first is
+	// in the middle of its drops.
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = blocker.Rollback(ctx) }()
+	if _, err := blocker.Exec(ctx, `SELECT count(*) FROM idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	var firstLogs, secondLogs bytes.Buffer
+	first := make(chan error, 1)
+	go func() {
+		first <- idempotency.Maintain(ctx, pool, slog.New(slog.NewJSONHandler(&firstLogs, nil)))
+	}()
+	waitFor(t, func() bool {
+		return count(t, pool, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'
+			  AND query LIKE 'ALTER TABLE idempotency_keys DETACH PARTITION%'`) == 1
+	}, "the first run's detach to wait for the open transaction")
+
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := idempotency.Maintain(sctx, pool, slog.New(slog.NewJSONHandler(&secondLogs, nil))); err != nil {
+		t.Fatalf("the second run, beside the first: %v", err)
+	}
+	if out := secondLogs.String(); !strings.Contains(out, "another maintenance run is in progress") || strings.Contains(out, "dropped") {
+		t.Fatalf("the second run did not skip: %s", out)
+	}
+	if err := blocker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("the first run: %v", err)
+	}
+	for _, name := range expired {
+		n := strings.Count(firstLogs.String()+secondLogs.String(), `"partition":"`+name+`"`)
+		if n != 1 {
+			t.Errorf("%s reported dropped %d times, want once: %s", name, n, firstLogs.String())
+		}
+		if got := count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = $1`, name); got != 0 {
+			t.Errorf("the expired partition %s is still there", name)
+		}
+	}
+	// The lock is released with the run: the next one runs (and has
+	// nothing left to drop).
+	var next bytes.Buffer
+	if err := idempotency.Maintain(ctx, pool, slog.New(slog.NewJSONHandler(&next, nil))); err != nil || strings.Contains(next.String(), "skipped") {
+		t.Fatalf("the run after both: %v, %s", err, next.String())
+	}
+}
+
+// waitFor polls cond until it holds, failing t after 30 seconds.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
