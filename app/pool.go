@@ -14,13 +14,14 @@ import (
 // Default pool sizes, a connection budget: two `serve` and two `work`
 // replicas, and a CLI command, fit in PostgreSQL's default
 // max_connections (100, of which 3 are reserved for superusers) with room
-// for an operator's psql and a migration: 2 x 19 + 2 x 21 + 4 = 84 of 97.
-// Neither process needs many: an ingest transaction holds its connection
-// for a millisecond or two and coalesces a tenant's events, and a report
-// job holds none while it waits for Stripe, so past about twice the
-// database's cores more connections only queue inside PostgreSQL instead
-// of in the pool (docs/limits.md has the measurements). A size given in
-// DATABASE_URL (pool_max_conns) wins, for every pool of the process.
+// for an operator's psql and a second command: 2 x 19 + 2 x 25 + 4 = 92
+// of 97, 5 left. Neither process needs many: an ingest transaction holds
+// its connection for a millisecond or two and coalesces a tenant's
+// events, and a report job holds none while it waits for Stripe, so past
+// about twice the database's cores more connections only queue inside
+// PostgreSQL instead of in the pool (docs/limits.md has the
+// measurements). A size given in DATABASE_URL (pool_max_conns) wins, for
+// every pool of the process.
 const (
 	// ServeAPIMaxConns is the pool of ingest, tenants and webhooks.
 	ServeAPIMaxConns = 14
@@ -36,11 +37,32 @@ const (
 	BatchDelayConns = 1
 	// ServeMaxConns is every connection one `serve` may open.
 	ServeMaxConns = ServeAPIMaxConns + ServeAdminMaxConns + ServeMetricsMaxConns + BatchDelayConns
-	// WorkPoolMaxConns is the pool of one `work` (report jobs, the sweep,
-	// maintenance, webhooks, River's own).
+	// WorkPoolMaxConns is the pool of the workers' own statements in one
+	// `work`: report jobs, the sweep, partition maintenance, webhooks and
+	// alerts. Billing's 200 report workers may hold all of it; River's
+	// statements are not in it.
 	WorkPoolMaxConns = 20
+	// RiverPoolMaxConns is the pool of River's own statements in one
+	// `work` (workers.Config.RiverPool): each queue's producer fetches one
+	// batch of jobs at a time and polls its settings, the completer marks
+	// finished jobs in batches one statement at a time, the elector
+	// tries for or keeps the leadership every few seconds, and the leader
+	// enqueues the periodic jobs and runs River's maintenance. Each is a
+	// statement of milliseconds, not a connection held: a job holds none
+	// of River's while it runs (River v0.51.2's executor works it with no
+	// connection and hands the result to the completer), so demand does
+	// not grow with REPORT_WORKERS, and three serve these with a slot
+	// to spare while one waits. Apart from WorkPoolMaxConns, billing
+	// cannot starve leader election, and with it the periodic jobs that
+	// keep the idempotency partitions ahead.
+	RiverPoolMaxConns = 3
+	// RiverListenerConns is River's listener (LISTEN for new jobs and
+	// leadership changes): it takes a connection from River's pool and
+	// hijacks it, so it is one more than RiverPoolMaxConns, held for the
+	// process's life.
+	RiverListenerConns = 1
 	// WorkMaxConns is every connection one `work` may open.
-	WorkMaxConns = WorkPoolMaxConns + BatchDelayConns
+	WorkMaxConns = WorkPoolMaxConns + RiverPoolMaxConns + RiverListenerConns + BatchDelayConns
 	// ToolMaxConns is the pool of a CLI command.
 	ToolMaxConns = 4
 )

@@ -13,10 +13,15 @@ import (
 
 // TestDefaultPoolsFitTheDefaultServer: two serve and two work replicas and
 // a CLI command fit in PostgreSQL's default max_connections (100, 3
-// reserved) with room left for an operator.
+// reserved) with room left for an operator: a psql and a second command.
 func TestDefaultPoolsFitTheDefaultServer(t *testing.T) {
 	t.Parallel()
-	const operatorRoom = 10
+	const operatorRoom = 1 + app.ToolMaxConns
+	// A work's pools: the workers', River's and River's listener, which
+	// River hijacks out of its pool, and the REPORT_BATCH_DELAY claim.
+	if app.WorkMaxConns != app.WorkPoolMaxConns+app.RiverPoolMaxConns+app.RiverListenerConns+app.BatchDelayConns {
+		t.Fatalf("WorkMaxConns %d leaves out a connection of work's", app.WorkMaxConns)
+	}
 	b := app.ConnectionBudget{MaxConnections: 100, Reserved: 3, Pools: 2*app.ServeMaxConns + 2*app.WorkMaxConns + app.ToolMaxConns}
 	if b.Problem() != "" || b.Pools+operatorRoom > b.Usable() {
 		t.Fatalf("2 serve (%d) + 2 work (%d) + a tool (%d) = %d of %d usable connections: no room for an operator",

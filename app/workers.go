@@ -47,8 +47,11 @@ func ServeWorkHealth(ctx context.Context, addr string, pool *pgxpool.Pool, reg *
 // WORK_LISTEN_ADDR, health and metrics. Run runs it; Close releases what
 // NewWorker opened.
 type Worker struct {
-	// Pool is the workers' database pool.
+	// Pool is the pool of the workers' own statements.
 	Pool *pgxpool.Pool
+	// RiverPool is River's (workers.Config.RiverPool); nil when River runs
+	// on Pool (NewWorkerOn).
+	RiverPool *pgxpool.Pool
 	// Workers are the River workers and periodic jobs.
 	Workers *workers.Workers
 	// Registry is the one the health listener's /metrics serves.
@@ -61,7 +64,10 @@ type Worker struct {
 // NewWorker connects, checks the schema is migrated (CheckSchema), claims
 // its REPORT_BATCH_DELAY (logging an error when a live serve or work runs
 // with another), listens on WORK_LISTEN_ADDR if set and wires the
-// workers. It needs STRIPE_SECRET_KEY.
+// workers. It needs STRIPE_SECRET_KEY. It opens two pools: the workers'
+// (WorkPoolMaxConns) and River's own (RiverPoolMaxConns), so that billing
+// holding every connection of the first cannot stop River fetching,
+// completing and electing the leader that enqueues the periodic jobs.
 func NewWorker(ctx context.Context, cfg *WorkConfig, logger *slog.Logger) (_ *Worker, err error) {
 	if cfg.Stripe.SecretKey == "" {
 		return nil, errors.New("STRIPE_SECRET_KEY is required by overage work (use sk_test_... with STRIPE_API_BASE pointing at an emulator or stripe-mock to try it out)")
@@ -79,12 +85,16 @@ func NewWorker(ctx context.Context, cfg *WorkConfig, logger *slog.Logger) (_ *Wo
 	if err := CheckSchema(ctx, pool); err != nil {
 		return nil, err
 	}
-	WarnConnectionBudget(ctx, pool, int(pool.Config().MaxConns)+BatchDelayConns, logger)
+	if w.RiverPool, err = OpenPool(ctx, cfg.DB.URL, RiverPoolMaxConns); err != nil {
+		return nil, err
+	}
+	// River's listener is hijacked out of its pool: one more than its size.
+	WarnConnectionBudget(ctx, pool, int(pool.Config().MaxConns)+int(w.RiverPool.Config().MaxConns)+RiverListenerConns+BatchDelayConns, logger)
 	if w.claim, err = CheckBatchDelay(ctx, cfg.DB.URL, "work", cfg.Report.BatchDelay, logger); err != nil {
 		return nil, err
 	}
 	w.Registry = NewRegistry(pool, logger)
-	if w.Workers, err = NewWorkers(pool, cfg, logger, w.Registry); err != nil {
+	if w.Workers, err = NewWorkers(pool, w.RiverPool, cfg, logger, w.Registry); err != nil {
 		return nil, err
 	}
 	if cfg.ListenAddr != "" {
@@ -95,10 +105,10 @@ func NewWorker(ctx context.Context, cfg *WorkConfig, logger *slog.Logger) (_ *Wo
 	return w, nil
 }
 
-// NewWorkerOn wires the workers on a pool the caller owns, their Stripe
-// calls counted in reg (`overage dev` gives its server's).
+// NewWorkerOn wires the workers, and River, on a pool the caller owns,
+// their Stripe calls counted in reg (`overage dev` gives its server's).
 func NewWorkerOn(pool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg *prometheus.Registry) (*Worker, error) {
-	ws, err := NewWorkers(pool, cfg, logger, reg)
+	ws, err := NewWorkers(pool, nil, cfg, logger, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -109,19 +119,26 @@ func NewWorkerOn(pool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg *
 func (w *Worker) Run(ctx context.Context) error { return w.Workers.Run(ctx) }
 
 // Close stops the health listener and releases what NewWorker opened.
+// Call it once Run has returned: River has stopped then (its listener
+// closed, no fetch or completion in flight), so its pool closes after it,
+// and the workers' pool after River's.
 func (w *Worker) Close() {
 	if w.stopHealth != nil {
 		w.stopHealth()
 	}
 	w.claim.Close()
+	if w.RiverPool != nil {
+		w.RiverPool.Close()
+	}
 	if w.ownsPool {
 		w.Pool.Close()
 	}
 }
 
-// NewWorkers builds the Stripe client and the River workers on pool; the
-// Stripe calls are counted in reg.
-func NewWorkers(pool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg prometheus.Registerer) (*workers.Workers, error) {
+// NewWorkers builds the Stripe client and the River workers on pool,
+// River's own statements on riverPool (nil: on pool too); the Stripe calls
+// are counted in reg.
+func NewWorkers(pool, riverPool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg prometheus.Registerer) (*workers.Workers, error) {
 	sc, err := stripeclient.New(stripeclient.Config{
 		SecretKey: cfg.Stripe.SecretKey,
 		APIBase:   cfg.Stripe.APIBase,
@@ -133,6 +150,7 @@ func NewWorkers(pool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg pr
 	}
 	wc := WorkersConfig(cfg, logger, metrics.InstrumentSender(sc, reg))
 	wc.Alerts.Metrics = alerts.NewMetrics(reg)
+	wc.RiverPool = riverPool
 	w, err := workers.New(pool, wc)
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)

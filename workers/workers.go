@@ -26,6 +26,16 @@ import (
 // README's configuration table.
 type Config struct {
 	Logger *slog.Logger
+	// RiverPool is the pool of River's own statements: fetching and
+	// completing jobs, leader election, the leader's periodic jobs and
+	// maintenance, and the listener. Apart from the pool of the workers'
+	// statements (billing, the sweep, partition maintenance), billing
+	// holding all of that one cannot starve leader election, and with it
+	// the periodic jobs that keep the partitions ahead. A running job
+	// holds none of River's connections (River v0.51.2 works a job with
+	// no connection of its own and completes it after). nil: River runs
+	// on the workers' pool (tests, `overage dev`).
+	RiverPool *pgxpool.Pool
 	// Stripe sends meter events; required.
 	Stripe stripeclient.Sender
 	// MeterInputEvent and MeterOutputEvent are the meter event names.
@@ -86,7 +96,8 @@ type Workers struct {
 	cfg    Config
 }
 
-// New registers the workers and periodic jobs on a River client.
+// New registers the workers and periodic jobs on a River client: the
+// workers' statements run on pool, River's on cfg.RiverPool.
 func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if cfg.Stripe == nil {
 		return nil, errors.New("workers: a Stripe sender is required")
@@ -128,7 +139,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+	riverPool := cfg.RiverPool
+	if riverPool == nil {
+		riverPool = pool
+	}
+	client, err := river.NewClient(riverpgxv5.New(riverPool), &river.Config{
 		Logger:        cfg.Logger,
 		Workers:       ws,
 		MaxAttempts:   cfg.MaxAttempts,

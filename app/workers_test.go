@@ -1,0 +1,102 @@
+package app_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
+	"github.com/overage-billing/overage/internal/testkit/syncbuf"
+)
+
+// TestRiverRunsWithTheWorkersPoolHeld: billing at full load holds every
+// connection of the workers' pool (200 report workers against 20
+// connections); River, on a pool of its own, still elects a leader, the
+// leader still enqueues the periodic jobs (the idempotency partitions'
+// among them, which keep ingest's partitions ahead) and the producers
+// still fetch them. Once the workers' pool frees up, the jobs run and
+// River records them completed.
+func TestRiverRunsWithTheWorkersPoolHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewDatabase(t)
+	var wc app.WorkConfig
+	if err := wc.Read(envOf(map[string]string{"DATABASE_URL": dbURL,
+		"STRIPE_SECRET_KEY": "sk_test_riverpool", "STRIPE_API_BASE": "http://127.0.0.1:1"})); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncbuf.Buffer{}
+	w, err := app.NewWorker(ctx, &wc, slog.New(slog.NewJSONHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if w.RiverPool == nil || w.RiverPool == w.Pool {
+		t.Fatal("River runs on the workers' pool")
+	}
+	if got := w.RiverPool.Config().MaxConns; got != app.RiverPoolMaxConns {
+		t.Fatalf("River's pool has %d connections, want RiverPoolMaxConns (%d)", got, app.RiverPoolMaxConns)
+	}
+	if got := w.Pool.Config().MaxConns; got != app.WorkPoolMaxConns {
+		t.Fatalf("the workers' pool has %d connections, want WorkPoolMaxConns (%d)", got, app.WorkPoolMaxConns)
+	}
+
+	var held []*pgxpool.Conn
+	release := func() {
+		for _, c := range held {
+			c.Release()
+		}
+		held = nil
+	}
+	defer release()
+	for range app.WorkPoolMaxConns {
+		c, err := w.Pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	if st := w.Pool.Stat(); st.AcquiredConns() != st.MaxConns() {
+		t.Fatalf("the workers' pool is not full: %d of %d acquired", st.AcquiredConns(), st.MaxConns())
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+
+	// Watched from a connection of neither pool.
+	obs, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obs.Close(ctx)
+	jobState := func() string {
+		var state string
+		err := obs.QueryRow(ctx, `SELECT coalesce(max(state::text), '') FROM river_job WHERE kind = 'overage.expire_idempotency_keys'`).Scan(&state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return state
+	}
+	polltest.Until(t, "River to elect a leader that enqueues the idempotency partitions' job, and to fetch it, with the workers' pool held", 30*time.Second,
+		func() bool { return jobState() == "running" })
+	var leaders int
+	if err := obs.QueryRow(ctx, `SELECT count(*) FROM river_leader`).Scan(&leaders); err != nil || leaders != 1 {
+		t.Fatalf("%d leaders recorded (%v), want 1", leaders, err)
+	}
+
+	release()
+	polltest.Until(t, "the job to run and be completed once the workers' pool is free", 30*time.Second,
+		func() bool { return jobState() == "completed" })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v\n%s", err, logs)
+	}
+}
