@@ -100,3 +100,21 @@ func TestRiverRunsWithTheWorkersPoolHeld(t *testing.T) {
 		t.Fatalf("run: %v\n%s", err, logs)
 	}
 }
+
+// A pool_max_conns in DATABASE_URL sizes every pool of work, River's too.
+func TestPoolMaxConnsSizesBothPoolsOfWork(t *testing.T) {
+	t.Parallel()
+	var wc app.WorkConfig
+	if err := wc.Read(envOf(map[string]string{"DATABASE_URL": pgtest.NewDatabase(t) + "&pool_max_conns=2",
+		"STRIPE_SECRET_KEY": "sk_test_riverpool", "STRIPE_API_BASE": "http://127.0.0.1:1"})); err != nil {
+		t.Fatal(err)
+	}
+	w, err := app.NewWorker(context.Background(), &wc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if a, b := w.Pool.Config().MaxConns, w.RiverPool.Config().MaxConns; a != 2 || b != 2 {
+		t.Fatalf("pool_max_conns=2: the workers' pool %d, River's %d, want 2 each", a, b)
+	}
+}
