@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/overage-billing/overage/app"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
@@ -64,5 +65,48 @@ func TestWarnConnectionBudget(t *testing.T) {
 	app.WarnConnectionBudget(context.Background(), pool, b.MaxConnections+1, slog.New(slog.NewJSONHandler(&logs, nil)))
 	if out := logs.String(); !strings.Contains(out, `"level":"WARN"`) || !strings.Contains(out, "max_connections") || !strings.Contains(out, `"pools_max_conns":`) {
 		t.Fatalf("no warning for pools over max_connections: %s", out)
+	}
+}
+
+// TestServerSettingsProblems: each setting below what ingest at volume
+// needs is named with its value, PostgreSQL's defaults (and autovacuum
+// off) all four, and
+// a server sized for volume none.
+func TestServerSettingsProblems(t *testing.T) {
+	t.Parallel()
+	defaults := app.ServerSettings{SharedBuffers: 128 << 20, MaxWALSize: 1 << 30, CheckpointTimeout: 5 * time.Minute, WALCompression: "off", Autovacuum: false}
+	got := strings.Join(defaults.Problems(), "; ")
+	for _, want := range []string{"shared_buffers is 128 MB", "max_wal_size is 1024 MB", "wal_compression is off", "autovacuum is off"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("problems of the defaults %q: no %q", got, want)
+		}
+	}
+	sized := app.ServerSettings{SharedBuffers: 6 << 30, MaxWALSize: 16 << 30, CheckpointTimeout: 15 * time.Minute, WALCompression: "lz4", Autovacuum: true}
+	if p := sized.Problems(); len(p) != 0 {
+		t.Errorf("a server sized for volume has problems: %q", p)
+	}
+}
+
+// TestReadServerSettings reads the real server's settings in bytes and
+// warns exactly when they are below the minimums.
+func TestReadServerSettings(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.NewPool(t)
+	s, err := app.ReadServerSettings(context.Background(), pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// shared_buffers counted in its blocks, not parsed from its text.
+	var sb int64
+	if err := pool.QueryRow(context.Background(), `SELECT setting::bigint * current_setting('block_size')::bigint FROM pg_settings WHERE name = 'shared_buffers'`).Scan(&sb); err != nil {
+		t.Fatal(err)
+	}
+	if s.SharedBuffers != sb || s.MaxWALSize < 2<<20 || s.CheckpointTimeout < 30*time.Second || s.WALCompression == "" {
+		t.Fatalf("settings read: %+v (shared_buffers %d bytes)", s, sb)
+	}
+	var logs bytes.Buffer
+	app.WarnServerSettings(context.Background(), pool, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if warned := strings.Contains(logs.String(), `"level":"WARN"`); warned != (len(s.Problems()) > 0) {
+		t.Fatalf("warned %v with problems %q: %s", warned, s.Problems(), logs.String())
 	}
 }

@@ -116,6 +116,7 @@ func NewServer(ctx context.Context, cfg *ServeConfig, logger *slog.Logger) (*Ser
 		total += int(p.Config().MaxConns)
 	}
 	WarnConnectionBudget(ctx, pools[0], total+BatchDelayConns, logger)
+	WarnServerSettings(ctx, pools[0], logger)
 	claim, err := CheckBatchDelay(ctx, cfg.DB.URL, "serve", cfg.Ingest.Report.BatchDelay, logger)
 	if err != nil {
 		closeAll()

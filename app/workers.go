@@ -90,6 +90,7 @@ func NewWorker(ctx context.Context, cfg *WorkConfig, logger *slog.Logger) (_ *Wo
 	}
 	// River's listener is hijacked out of its pool: one more than its size.
 	WarnConnectionBudget(ctx, pool, int(pool.Config().MaxConns)+int(w.RiverPool.Config().MaxConns)+RiverListenerConns+BatchDelayConns, logger)
+	WarnServerSettings(ctx, pool, logger)
 	if w.claim, err = CheckBatchDelay(ctx, cfg.DB.URL, "work", cfg.Report.BatchDelay, logger); err != nil {
 		return nil, err
 	}

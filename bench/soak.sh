@@ -14,7 +14,13 @@
 #            run empty, seeded, seeded, empty and summed;
 #   storage: bytes on disk per event (heap + indexes + TOAST) of each table
 #            after the soak's singles and after its batches.
-# SOAK_ONLY=1 skips the volume runs; VOLUME_ONLY=1 skips the soak. The
+# SOAK_ONLY=1 skips the volume runs; VOLUME_ONLY=1 skips the soak.
+# VOLUME_SEED_ONLY=1 seeds ${BENCH_DB}_vol and stops, keeping it;
+# VOLUME_REUSE=1 then runs the loads on it instead of seeding anew (the
+# seed takes 15-25 minutes here), and only if its seed finished (a
+# comment on the database says so). The server's memory, WAL and
+# autovacuum settings are printed first: at volume they decide the ratio
+# (docs/limits.md, "PostgreSQL at volume"). The
 # volume runs are ordered empty, seeded (singles), seeded, empty (batches),
 # each pair back to back, so a load that drifts on a shared machine moves
 # both sides of a ratio alike; the seeded database is made first.
@@ -115,8 +121,14 @@ fi
 [ -n "${SOAK_ONLY:-}" ] && { psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)"; exit 0; }
 
 echo "== volume: ${VOLUME_SECONDS}s each, empty tables, then $VOLUME_LOGS logs and $VOLUME_KEYS keys seeded"
+psql -qtA "$PGHOST_URL" -c "SELECT 'server: ' || string_agg(name || '=' || current_setting(name), ' ' ORDER BY name) FROM unnest(ARRAY['shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_compression', 'autovacuum']) name"
 VOL_DB=${BENCH_DB}_vol
 VOL_URL=$(db_url $VOL_DB)
+SEEDED="seeded $VOLUME_LOGS logs and $VOLUME_KEYS keys"
+if [ -n "${VOLUME_REUSE:-}" ] && [ "$(psql -qtA "$PGHOST_URL" -c "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = '$VOL_DB'")" = "$SEEDED" ]; then
+  ./bin/overage migrate --database-url "$VOL_URL" >/dev/null 2>&1
+  echo "reusing $VOL_DB ($SEEDED)"
+else
 echo "seeding $VOL_DB: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 fresh $VOL_DB
 # Billed logs of last month spread over the 100 tenants, and one day of the
@@ -132,7 +144,10 @@ INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_
 SELECT '00000000-0000-0000-0000-000000000001', 'seed-' || g, '\x00', 202, '\x7b7d', now() + (g % 86000) * interval '1 second'
 FROM generate_series(1, $VOLUME_KEYS) g;
 SQL
+psql -q "$PGHOST_URL" -c "COMMENT ON DATABASE $VOL_DB IS '$SEEDED'"
 echo "seeded: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -n "${VOLUME_SEED_ONLY:-}" ] && exit 0
+fi
 # Each kind empty, seeded, seeded, empty (A B B A); each empty run on a
 # fresh database, the seeded runs on the one seeded database.
 for kind in single batch; do
@@ -152,4 +167,5 @@ for kind in ("single", "batch"):
     v = sum(rate(f"volume_{kind}_{i}") for i in (1, 2))
     print(f"volume {kind}: {v / 2:.0f} events/s at volume against {e / 2:.0f} on empty tables (A B B A): ratio {v / max(e, 1):.2f}")
 PY
+# A seeded database the loads have written to is not reused.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "DROP DATABASE IF EXISTS $VOL_DB WITH (FORCE)"
