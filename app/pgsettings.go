@@ -83,7 +83,7 @@ func WarnServerSettings(ctx context.Context, pool *pgxpool.Pool, logger *slog.Lo
 		return
 	}
 	if p := s.Problems(); len(p) > 0 {
-		logger.Warn("PostgreSQL settings: "+strings.Join(p, "; ")+": ingest slows by up to a third once the tables hold millions of rows; see docs/limits.md, \"PostgreSQL at volume\"",
+		logger.Warn("PostgreSQL settings: "+strings.Join(p, "; ")+": below what a deployment at volume needs (millions of logs a month); see docs/limits.md, \"PostgreSQL at volume\"",
 			"shared_buffers_bytes", s.SharedBuffers, "max_wal_size_bytes", s.MaxWALSize,
 			"checkpoint_timeout", s.CheckpointTimeout.String(), "wal_compression", s.WALCompression, "autovacuum", s.Autovacuum)
 	}
