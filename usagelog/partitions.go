@@ -35,9 +35,9 @@ import (
 // bytes with its line pointer, where one of 0061's
 // `<partition>_request_digest` on (tenant_id, md5(request_id)::uuid)
 // (RequestDigestSQL) is 44, and one on (tenant_id, request_id) before it
-// 60 or more (docs/benchmarks.md, "One digest of tenant and request_id"). A partition made before and holding logs
-// keeps its index until it is dropped, and the lookups state every
-// index's condition (RequestIDIs). Across the bound of two partitions the
+// 60 or more (docs/benchmarks.md, "One digest of tenant and request_id").
+// A partition made before and holding logs keeps its index until it is
+// dropped, and the lookups state every index's condition (RequestIDIs). Across the bound of two partitions the
 // claims of ClaimRequestIDsSQL referee instead, within ClaimWindow of
 // every bound.
 
