@@ -341,7 +341,11 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 				continue
 			}
 			index := strings.Fields(l[j+len("Index Scan using "):])[0]
-			part := index[:strings.LastIndex(index, "_request")]
+			cut := strings.LastIndex(index, "_request")
+			if cut < 0 {
+				return fmt.Errorf("read by %s, not an index on request_id", index)
+			}
+			part := index[:cut]
 			want, key := indexOf(part)
 			if index != want {
 				return fmt.Errorf("%s read by %s, want %s", part, index, want)
