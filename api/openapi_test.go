@@ -1471,8 +1471,8 @@ func collideMD5(t *testing.T, f *fixture, on bool) {
 	for _, q := range []string{
 		`CREATE SCHEMA IF NOT EXISTS collide`,
 		`CREATE OR REPLACE FUNCTION collide.md5(text) RETURNS text IMMUTABLE STRICT LANGUAGE sql AS $$ SELECT pg_catalog.md5(lower($1)) $$`,
-		fmt.Sprintf(`DROP INDEX %s_request_digest`, part),
-		fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s_request_digest ON %[1]s (tenant_id, (%[2]s(request_id)::uuid)) WHERE request_id IS NOT NULL`, part, md5),
+		fmt.Sprintf(`DROP INDEX %s_request_key`, part),
+		fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s_request_key ON %[1]s ((%[2]s(tenant_id::text || request_id)::uuid)) WHERE request_id IS NOT NULL`, part, md5),
 		fmt.Sprintf(`DO $$ BEGIN EXECUTE format('ALTER DATABASE %%I %s', current_database()); END $$`, path),
 	} {
 		if _, err := f.db.Exec(ctx, q); err != nil {

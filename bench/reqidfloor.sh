@@ -46,7 +46,7 @@ BEGIN
     hi := (lpad(to_hex(floor(extract(epoch FROM m + interval '1 month') * 1000)::bigint), 12, '0') || '00000000000000000000')::uuid;
     n := to_char(m AT TIME ZONE 'UTC', 'YYYYMM');
     EXECUTE format('CREATE TABLE usage_logs_p%s (LIKE usage_logs INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION)', n);
-    EXECUTE format('CREATE UNIQUE INDEX usage_logs_p%1\$s_request_digest ON usage_logs_p%1\$s (tenant_id, (md5(request_id)::uuid)) WHERE request_id IS NOT NULL', n);
+    EXECUTE format('CREATE UNIQUE INDEX usage_logs_p%1\$s_request_key ON usage_logs_p%1\$s ((md5(tenant_id::text || request_id)::uuid)) WHERE request_id IS NOT NULL', n);
     EXECUTE format('ALTER TABLE usage_logs ATTACH PARTITION usage_logs_p%s FOR VALUES FROM (%L) TO (%L)', n, lo, hi);
     EXECUTE format('CREATE TABLE usage_reports_p%s (LIKE usage_reports INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION)', n);
     EXECUTE format('ALTER TABLE usage_reports ATTACH PARTITION usage_reports_p%s FOR VALUES FROM (%L) TO (%L)', n, lo, hi);

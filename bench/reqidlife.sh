@@ -7,13 +7,15 @@
 # into the Stripe emulator (bench/drain -no-seed: 5 ms a call, Stripe's
 # 1,000 calls/s), then VACUUM, then the same load again. Bytes a log (heap + TOAST + indexes, every
 # partition, bench/soak.sh's measure) after each step, the drain's logs/s.
-# Variants (LIFE_VARIANTS, default "key80 digest80 digest100 digest100
-# digest80 key80", A B B A): key = (tenant_id, request_id) as before 0061,
-# digest = (tenant_id, md5(request_id)::uuid); the number is the fillfactor.
+# Variants (LIFE_VARIANTS, default "digest100 tdigest100 tdigest100
+# digest100", A B B A): key = (tenant_id, request_id) as before 0061,
+# digest = (tenant_id, md5(request_id)::uuid) as from 0061, tdigest =
+# md5(tenant_id::text || request_id)::uuid alone as since 0067; the number
+# is the fillfactor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIFE_SECONDS=${LIFE_SECONDS:-30}
-LIFE_VARIANTS=${LIFE_VARIANTS:-key80 digest80 digest100 digest100 digest80 key80}
+LIFE_VARIANTS=${LIFE_VARIANTS:-digest100 tdigest100 tdigest100 digest100}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_life}
 ADDR=${BENCH_ADDR:-127.0.0.1:18093}
@@ -46,9 +48,13 @@ DECLARE p text;
 BEGIN
   FOR p IN SELECT relid::regclass::text FROM pg_partition_tree('usage_logs') WHERE isleaf LOOP
     EXECUTE format('ALTER TABLE %s SET (fillfactor = $ff)', p);
+    IF '$kind' <> 'tdigest' THEN
+      EXECUTE format('DROP INDEX IF EXISTS %I', p || '_request_key');
+    END IF;
     IF '$kind' = 'key' THEN
-      EXECUTE format('DROP INDEX IF EXISTS %I', p || '_request_digest');
       EXECUTE format('CREATE UNIQUE INDEX IF NOT EXISTS %I ON %s (tenant_id, request_id) WHERE request_id IS NOT NULL', p || '_request_id', p);
+    ELSIF '$kind' = 'digest' THEN
+      EXECUTE format('CREATE UNIQUE INDEX IF NOT EXISTS %I ON %s (tenant_id, (md5(request_id)::uuid)) WHERE request_id IS NOT NULL', p || '_request_digest', p);
     END IF;
   END LOOP;
 END

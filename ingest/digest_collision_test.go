@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,20 +24,38 @@ import (
 // passes, and nothing of its request is recorded; a batch holding two such
 // request_ids is refused the same way. A real MD5 collision of two valid
 // request_ids is hard to come by, so the database's md5 is shadowed by one
-// that ignores case (a schema ahead of pg_catalog in the search_path of the
-// test's connections, under which the partition's digest index is made
-// again): "Chat-1" and "chat-1" then collide exactly as a real pair would,
-// through the same statements. A request_id sent again is still a
-// duplicate, not a collision.
+// that ignores case and a leading uuid (a schema ahead of pg_catalog in the
+// search_path of the test's connections, under which the partition's
+// digest index is made again): "Chat-1" and "chat-1" then collide exactly
+// as a real pair would, through the same statements, under either digest
+// index, 0061's of the request_id or 0067's of tenant and request_id. A
+// request_id sent again is still a duplicate, not a collision. Under
+// 0067's, another tenant's "CHAT-1" collides too, and is refused without
+// the first tenant's request_id being named.
 func TestRequestIDDigestCollisionIsAClearConflict(t *testing.T) {
 	t.Parallel()
+	for _, shape := range []struct {
+		name, index string
+	}{
+		{"request key", `CREATE UNIQUE INDEX usage_logs_legacy_request_key ON usage_logs_legacy ((collide.md5(tenant_id::text || request_id)::uuid)) WHERE request_id IS NOT NULL`},
+		{"request_id digest", `CREATE UNIQUE INDEX usage_logs_legacy_request_digest ON usage_logs_legacy (tenant_id, (collide.md5(request_id)::uuid)) WHERE request_id IS NOT NULL`},
+	} {
+		t.Run(shape.name, func(t *testing.T) {
+			t.Parallel()
+			testDigestCollision(t, shape.index, shape.name == "request key")
+		})
+	}
+}
+
+func testDigestCollision(t *testing.T, index string, acrossTenants bool) {
 	ctx := context.Background()
 	base, _ := pgtest.NewPool(t)
 	for _, q := range []string{
 		`CREATE SCHEMA collide`,
-		`CREATE FUNCTION collide.md5(text) RETURNS text IMMUTABLE STRICT LANGUAGE sql AS $$ SELECT pg_catalog.md5(lower($1)) $$`,
-		`DROP INDEX usage_logs_legacy_request_digest`,
-		`CREATE UNIQUE INDEX usage_logs_legacy_request_digest ON usage_logs_legacy (tenant_id, (collide.md5(request_id)::uuid)) WHERE request_id IS NOT NULL`,
+		`CREATE FUNCTION collide.md5(text) RETURNS text IMMUTABLE STRICT LANGUAGE sql
+			AS $$ SELECT pg_catalog.md5(lower(regexp_replace($1, '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', ''))) $$`,
+		`DROP INDEX usage_logs_legacy_request_key`,
+		index,
 	} {
 		if _, err := base.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -98,5 +117,23 @@ func TestRequestIDDigestCollisionIsAClearConflict(t *testing.T) {
 	}
 	if out, err := record("k3", "Chat-1"); err != nil || out.Kind != ingest.OutcomeDuplicate {
 		t.Fatalf("the first request_id sent again: %v; want a duplicate", describe(out, err))
+	}
+	if !acrossTenants {
+		return
+	}
+	bob := uuid.New()
+	if _, err := pool.Exec(ctx, `INSERT INTO tenants (id, name, stripe_customer_id, included_input_tokens, included_output_tokens)
+		VALUES ($1, 'bob', 'cus_bob', 0, 0)`, bob); err != nil {
+		t.Fatal(err)
+	}
+	rid := "CHAT-1"
+	_, err = svc.Record(ctx, ingest.RecordParams{TenantID: bob, Key: "k1", Fingerprint: []byte("k1"), Event: event(rid)})
+	collision("another tenant's request_id of the same digest", err)
+	var all int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs`).Scan(&all); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(err.Error(), "Chat-1") || all != 1 {
+		t.Fatalf("another tenant's colliding request_id: %v, %d logs of the first tenant; want the first tenant's request_id unnamed, its log alone", err, all)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/idempotency"
+	"github.com/overage-billing/overage/internal/testkit/parttest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
 
@@ -42,65 +43,76 @@ func TestLookupsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 		name string
 		rows int // rows seeded, and ANALYZE'd when > 0, before the plans are made
 	}{{"never analysed", 0}, {"analysed at 5 rows", 5}} {
-		t.Run(stats.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			pool, _ := pgtest.NewPool(t)
-			tenant := uuid.New()
-			seedKeysAndLogs(t, pool, tenant, 1, stats.rows)
-			if stats.rows > 0 {
-				if _, err := pool.Exec(ctx, `ANALYZE idempotency_keys; ANALYZE usage_logs`); err != nil {
-					t.Fatal(err)
-				}
-			}
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Release()
-			// Make and cache each generic plan now, as the first ingest
-			// transactions on a new connection do.
-			for i, s := range statements {
-				inTx(t, conn.Conn(), s.settings, func(tx pgx.Tx) {
-					if _, err := tx.Prepare(ctx, fmt.Sprintf("s%d", i), s.sql); err != nil {
-						t.Fatalf("%s: prepare: %v", s.name, err)
-					}
-					if _, err := tx.Exec(ctx, fmt.Sprintf("EXECUTE s%d", i)+fmt.Sprintf(s.args, "'"+tenant.String()+"'")); err != nil {
-						t.Fatalf("%s: execute: %v", s.name, err)
-					}
-				})
-			}
-			seedKeysAndLogs(t, pool, tenant, stats.rows+1, grown)
-			for i, s := range statements {
-				var plan []map[string]any
-				inTx(t, conn.Conn(), s.settings, func(tx pgx.Tx) {
-					var raw []byte
-					q := fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE s%d", i) + fmt.Sprintf(s.args, "'"+tenant.String()+"'")
-					if err := tx.QueryRow(ctx, q).Scan(&raw); err != nil {
-						t.Fatalf("%s: explain: %v", s.name, err)
-					}
-					if err := json.Unmarshal(raw, &plan); err != nil {
+		for _, shape := range indexShapes {
+			t.Run(stats.name+"/"+shape.name, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				pool, _ := pgtest.NewPool(t)
+				parttest.Reindex(t, pool, "usage_logs_legacy", shape.shape)
+				tenant := uuid.New()
+				seedKeysAndLogs(t, pool, tenant, 1, stats.rows)
+				if stats.rows > 0 {
+					if _, err := pool.Exec(ctx, `ANALYZE idempotency_keys; ANALYZE usage_logs`); err != nil {
 						t.Fatal(err)
 					}
-				})
-				top := plan[0]["Plan"].(map[string]any)
-				pages := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
-				removed := rowsRemoved(top)
-				// A few pages a probe; a filter may drop a row a probe (the
-				// delete's expires_at), never the tenant's rows.
-				bounded := pages <= 40 && removed <= 3
-				if !s.wantBounded && stats.rows == 0 {
-					continue // the old lookup happened to be planned well on an empty table
 				}
-				if bounded != s.wantBounded {
-					out, _ := json.MarshalIndent(top, "", "  ")
-					t.Errorf("%s on %d rows of one tenant: %v pages read, %v rows removed by filters; want bounded %v\n%s",
-						s.name, grown, pages, removed, s.wantBounded, out)
+				conn, err := pool.Acquire(ctx)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-		})
+				defer conn.Release()
+				// Make and cache each generic plan now, as the first ingest
+				// transactions on a new connection do.
+				for i, s := range statements {
+					inTx(t, conn.Conn(), s.settings, func(tx pgx.Tx) {
+						if _, err := tx.Prepare(ctx, fmt.Sprintf("s%d", i), s.sql); err != nil {
+							t.Fatalf("%s: prepare: %v", s.name, err)
+						}
+						if _, err := tx.Exec(ctx, fmt.Sprintf("EXECUTE s%d", i)+fmt.Sprintf(s.args, "'"+tenant.String()+"'")); err != nil {
+							t.Fatalf("%s: execute: %v", s.name, err)
+						}
+					})
+				}
+				seedKeysAndLogs(t, pool, tenant, stats.rows+1, grown)
+				for i, s := range statements {
+					var plan []map[string]any
+					inTx(t, conn.Conn(), s.settings, func(tx pgx.Tx) {
+						var raw []byte
+						q := fmt.Sprintf("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE s%d", i) + fmt.Sprintf(s.args, "'"+tenant.String()+"'")
+						if err := tx.QueryRow(ctx, q).Scan(&raw); err != nil {
+							t.Fatalf("%s: explain: %v", s.name, err)
+						}
+						if err := json.Unmarshal(raw, &plan); err != nil {
+							t.Fatal(err)
+						}
+					})
+					top := plan[0]["Plan"].(map[string]any)
+					pages := top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
+					removed := rowsRemoved(top)
+					// A few pages a probe; a filter may drop a row a probe (the
+					// delete's expires_at), never the tenant's rows.
+					bounded := pages <= 40 && removed <= 3
+					if !s.wantBounded && stats.rows == 0 {
+						continue // the old lookup happened to be planned well on an empty table
+					}
+					if bounded != s.wantBounded {
+						out, _ := json.MarshalIndent(top, "", "  ")
+						t.Errorf("%s on %d rows of one tenant: %v pages read, %v rows removed by filters; want bounded %v\n%s",
+							s.name, grown, pages, removed, s.wantBounded, out)
+					}
+				}
+			})
+		}
 	}
 }
+
+// indexShapes are the shapes a usage log partition's unique index on
+// request_id can have: every lookup by request_id reads only what it
+// answers on each.
+var indexShapes = []struct {
+	name  string
+	shape parttest.IndexShape
+}{{"request key", parttest.KeyIndex}, {"request_id digest", parttest.DigestIndex}, {"request_id", parttest.RequestIDIndex}}
 
 // inTx runs f in a transaction of conn, with the ingest settings when
 // settings is set, as plan_cache_mode force_generic_plan (single events).
@@ -176,46 +188,49 @@ func TestReadsOfUsageEventsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 		name string
 		rows int
 	}{{"never analysed", 0}, {"analysed at 5 rows", 5}} {
-		t.Run(stats.name, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			pool, _ := pgtest.NewPool(t)
-			tenant := uuid.New()
-			known := uuid.Must(uuid.NewV7()) // a usage log id: UUIDv7, in a partition
-			id := fmt.Sprintf("('%s')", known)
-			probes := []pgtest.Probe{
-				{Name: "log by id", SQL: getLogSQL, Args: id, Settings: readSettingsSQL},
-				{Name: "corrections of", SQL: correctionsOfSQL, Args: id, Settings: readSettingsSQL},
-				{Name: "stream", SQL: streamSQL, Args: fmt.Sprintf("('%s', 'r1')", tenant), Settings: readSettingsSQL},
-				{Name: "logs by request_id", SQL: byRequestIDSQL, Args: fmt.Sprintf("('%s', 'r1', NULL, 51)", tenant), Settings: readSettingsSQL},
-				{Name: "log by id before (control)", SQL: getLogSQL, Args: id},
-			}
-			seedKeysAndLogs(t, pool, tenant, 1, stats.rows)
-			if stats.rows > 0 {
-				if _, err := pool.Exec(ctx, `ANALYZE usage_logs; ANALYZE usage_streams`); err != nil {
+		for _, shape := range indexShapes {
+			t.Run(stats.name+"/"+shape.name, func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				pool, _ := pgtest.NewPool(t)
+				parttest.Reindex(t, pool, "usage_logs_legacy", shape.shape)
+				tenant := uuid.New()
+				known := uuid.Must(uuid.NewV7()) // a usage log id: UUIDv7, in a partition
+				id := fmt.Sprintf("('%s')", known)
+				probes := []pgtest.Probe{
+					{Name: "log by id", SQL: getLogSQL, Args: id, Settings: readSettingsSQL},
+					{Name: "corrections of", SQL: correctionsOfSQL, Args: id, Settings: readSettingsSQL},
+					{Name: "stream", SQL: streamSQL, Args: fmt.Sprintf("('%s', 'r1')", tenant), Settings: readSettingsSQL},
+					{Name: "logs by request_id", SQL: byRequestIDSQL, Args: fmt.Sprintf("('%s', 'r1', NULL, 51)", tenant), Settings: readSettingsSQL},
+					{Name: "log by id before (control)", SQL: getLogSQL, Args: id},
+				}
+				seedKeysAndLogs(t, pool, tenant, 1, stats.rows)
+				if stats.rows > 0 {
+					if _, err := pool.Exec(ctx, `ANALYZE usage_logs; ANALYZE usage_streams`); err != nil {
+						t.Fatal(err)
+					}
+				}
+				conn, err := pool.Acquire(ctx)
+				if err != nil {
 					t.Fatal(err)
 				}
-			}
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Release()
-			pgtest.CachePlans(t, conn.Conn(), probes)
-			seedKeysAndLogs(t, pool, tenant, stats.rows+1, grown)
-			if _, err := pool.Exec(ctx, `UPDATE usage_logs SET id = $2 WHERE tenant_id = $1 AND request_id = 'r1'`, tenant, known); err != nil {
-				t.Fatal(err)
-			}
-			for i, r := range pgtest.PlanReads(t, conn.Conn(), probes) {
-				control := strings.HasSuffix(probes[i].Name, "(control)")
-				if control && stats.rows == 0 {
-					continue
+				defer conn.Release()
+				pgtest.CachePlans(t, conn.Conn(), probes)
+				seedKeysAndLogs(t, pool, tenant, stats.rows+1, grown)
+				if _, err := pool.Exec(ctx, `UPDATE usage_logs SET id = $2 WHERE tenant_id = $1 AND request_id = 'r1'`, tenant, known); err != nil {
+					t.Fatal(err)
 				}
-				if bounded := r.Pages <= 40 && r.Removed <= 3; bounded == control {
-					t.Errorf("%s on %d logs of one tenant: %v pages read, %v rows removed by filters; want bounded %v\n%s",
-						probes[i].Name, grown, r.Pages, r.Removed, !control, r.Plan)
+				for i, r := range pgtest.PlanReads(t, conn.Conn(), probes) {
+					control := strings.HasSuffix(probes[i].Name, "(control)")
+					if control && stats.rows == 0 {
+						continue
+					}
+					if bounded := r.Pages <= 40 && r.Removed <= 3; bounded == control {
+						t.Errorf("%s on %d logs of one tenant: %v pages read, %v rows removed by filters; want bounded %v\n%s",
+							probes[i].Name, grown, r.Pages, r.Removed, !control, r.Plan)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -190,14 +190,7 @@ func TestRequestIDOlderThanTheReplayHorizonIsStillADuplicate(t *testing.T) {
 	if !slices.Contains(names, where) {
 		t.Fatalf("no partition %s of the old log in %v", where, names)
 	}
-	for _, q := range []string{
-		`DROP INDEX ` + where + `_request_digest`,
-		`CREATE UNIQUE INDEX ` + where + `_request_id ON ` + where + ` (tenant_id, request_id) WHERE request_id IS NOT NULL`,
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	parttest.Reindex(t, pool, where, parttest.RequestIDIndex)
 	if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 			period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at)
 		VALUES ($1, $2, 'long-ago', $3, 'u', 'm', 5, 5, date_trunc('month', $3::timestamptz, 'UTC'), 5, 5, 'pending', $3)`, old, tenant, at); err != nil {
@@ -250,4 +243,68 @@ func describe(out *ingest.Outcome, err error) string {
 		return err.Error()
 	}
 	return fmt.Sprintf("%d %s %s", out.Status, out.Kind, out.UsageLogID)
+}
+
+// Logs in partitions of each shape of unique index on request_id — on the
+// request_id itself (before 0061), on its digest beside the tenant (0061),
+// on the digest of both (since 0067) — are found by one lookup: a batch
+// reusing their request_ids answers each as a duplicate of its log and
+// records only its new one, and a single event under each is a duplicate
+// too.
+func TestDuplicatesAcrossPartitionsOfEveryIndexShape(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, svc, tenant := partitionedService(t)
+	now := time.Now().UTC()
+	names := parttest.Repartition(t, pool, parttest.Month(now, -3), parttest.Month(now, -2), parttest.Month(now, -1), parttest.Month(now, 0),
+		parttest.Month(now, 2))
+	parttest.Reindex(t, pool, names[0], parttest.RequestIDIndex)
+	parttest.Reindex(t, pool, names[1], parttest.DigestIndex)
+	rids := []string{"keyed", "digested", "newer"}
+	olds := map[string]uuid.UUID{}
+	for i, rid := range rids {
+		at := parttest.Month(now, i-3).Add(24 * time.Hour).Truncate(time.Microsecond)
+		id := usagelog.IDFloor(at)
+		id[6], id[8], id[15] = 0x70, 0x80, byte(i+1)
+		if _, err := pool.Exec(ctx, `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+				period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at)
+			VALUES ($1, $2, $3, $4, 'u', 'm', 5, 5, date_trunc('month', $4::timestamptz, 'UTC'), 5, 5, 'pending', $4)`, id, tenant, rid, at); err != nil {
+			t.Fatal(err)
+		}
+		olds[rid] = id
+	}
+	event := func(rid string) *ingest.Event {
+		return &ingest.Event{RequestID: &rid, Timestamp: now.Truncate(time.Microsecond), UserID: "u", ModelID: "m", InputTokens: 1, OutputTokens: 1}
+	}
+	logsOf := func(rid string) []string {
+		rows, err := pool.Query(ctx, `SELECT tableoid::regclass::text FROM usage_logs WHERE tenant_id = $1 AND request_id = $2`, tenant, rid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		where, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return where
+	}
+	out, err := svc.RecordBatch(ctx, ingest.BatchParams{TenantID: tenant, Key: "batch", Fingerprint: []byte("batch"),
+		Events: []*ingest.Event{event("keyed"), event("fresh"), event("digested"), event("newer")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Status != 202 || !strings.Contains(string(out.Body), `"duplicates":3`) {
+		t.Fatalf("a batch reusing a request_id of each partition: %d %s; want three duplicates", out.Status, out.Body)
+	}
+	for i, rid := range rids {
+		if where := logsOf(rid); !slices.Equal(where, []string{names[i]}) {
+			t.Errorf("logs of %s in %v; want the one in %s", rid, where, names[i])
+		}
+		out, err := svc.Record(ctx, ingest.RecordParams{TenantID: tenant, Key: "single-" + rid, Fingerprint: []byte(rid), Event: event(rid)})
+		if err != nil || out.Kind != ingest.OutcomeDuplicate || out.UsageLogID != olds[rid] {
+			t.Errorf("a single event under %s (its log in %s): %v; want a duplicate of %s", rid, names[i], describe(out, err), olds[rid])
+		}
+	}
+	if where := logsOf("fresh"); len(where) != 1 || where[0] != names[3] {
+		t.Errorf("the fresh event's logs in %v; want one in %s", where, names[3])
+	}
 }

@@ -44,8 +44,9 @@ const InsertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_i
 // usage_log_request_claims when a partition bound is within ClaimWindow of
 // now (by the database's clock; otherwise it writes nothing), in
 // request_id order, queued right before InsertSQL. Within a partition its
-// unique index on request_id (on (tenant_id, RequestDigestSQL) since 0061,
-// on (tenant_id, request_id) before) referees two transactions
+// unique index on request_id (on RequestKeySQL since 0067, on (tenant_id,
+// RequestDigestSQL) from 0061, on (tenant_id, request_id) before)
+// referees two transactions
 // recording one request_id; across a bound the two logs would land in two
 // partitions whose indexes never meet, and this primary key referees
 // instead: the second transaction waits for the first and, once it has

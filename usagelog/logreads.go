@@ -10,20 +10,45 @@ import (
 // overage.UsageLog and answers with them; like every statement on
 // usage_logs, they live here (docs/architecture.md).
 
-// RequestIDIs is the condition that the log l has the request_id x (an
-// SQL expression): the request_id itself and its digest. A partition made
-// since migration 0061 indexes (tenant_id, RequestDigestSQL) only; one
-// made before and holding logs then keeps its index on (tenant_id,
-// request_id) until it is dropped. Stating both, each partition's probe is
-// an index probe on the whole key of whichever index it has, and a log
-// whose request_id only shares the digest of x never answers for x.
-func RequestIDIs(l, x string) string {
-	return fmt.Sprintf(`%[1]s.request_id = %[2]s AND md5(%[1]s.request_id)::uuid = md5(%[2]s)::uuid`, l, x)
+// RequestIDIs is the condition that the log l is the tenant's (an SQL
+// expression) and has the request_id x, in the terms of every unique index
+// a partition can have: the digest of tenant and request_id
+// (RequestKey, since migration 0067), the request_id's digest beside the
+// tenant (RequestDigestSQL, from 0061), and the request_id itself (before
+// 0061). A partition made in one era and holding logs keeps its index
+// until it is dropped; stating all three, each partition's probe is an
+// index probe on the whole key of whichever index it has (as
+// idempotency's keyConditions does for the idempotency keys). The tenant
+// and the request_id themselves are compared too, so a log whose request_id
+// only shares a digest of x never answers for x.
+func RequestIDIs(l, tenant, x string) string {
+	return fmt.Sprintf(`%[1]s.tenant_id = %[2]s AND %[4]s = %[5]s AND md5(%[1]s.request_id)::uuid = md5(%[3]s)::uuid AND %[1]s.request_id = %[3]s`,
+		l, tenant, x, RequestKey(l+".tenant_id", l+".request_id"), RequestKey(tenant+"::uuid", x))
 }
 
-// RequestDigestSQL is the expression of the partitions' unique index on
-// request_id (since 0061): the MD5 of the request_id, 16 bytes as a uuid,
-// whatever the request_id's length.
+// RequestKeySQL is the expression of the partitions' unique index on
+// request_id since migration 0067, `<partition>_request_key`: one 16-byte
+// column, the MD5 of the tenant id's text and the request_id, where 0061's
+// index had the tenant id beside the request_id's digest (32 bytes of key).
+// The uuid's text is uuid_out's, 36 characters always, so the pair is read
+// back from the concatenation unambiguously with no separator; uuid_out,
+// textin (the cast has no pg_cast entry: it is I/O coercion), textcat and
+// md5(text) are immutable, which an index expression must be, whereas
+// convert_to, the way to bytes of a uuid_send(tenant_id) || request_id
+// formulation, is only stable. It is the formulation of the idempotency
+// records' index since 0032 (idempotency.KeyDigest).
+var RequestKeySQL = RequestKey("tenant_id", "request_id")
+
+// RequestKey is RequestKeySQL of the tenant and request_id expressions
+// given.
+func RequestKey(tenant, requestID string) string {
+	return "md5(" + tenant + "::text || " + requestID + ")::uuid"
+}
+
+// RequestDigestSQL is the second column of the unique index on request_id
+// of the partitions made from migration 0061 to 0067,
+// `<partition>_request_digest` on (tenant_id, RequestDigestSQL): the MD5
+// of the request_id, 16 bytes as a uuid, whatever the request_id's length.
 const RequestDigestSQL = `md5(request_id)::uuid`
 
 // LogsByRequestIDSQL reads the tenant's logs recorded under the
@@ -35,7 +60,7 @@ const RequestDigestSQL = `md5(request_id)::uuid`
 var LogsByRequestIDSQL = `SELECT ` + LogColumns + `
 	FROM unnest($2::text[]) AS r (rid)
 	CROSS JOIN LATERAL (
-		SELECT * FROM usage_logs l WHERE l.tenant_id = $1 AND ` + RequestIDIs("l", "r.rid") + ` LIMIT 1) AS u`
+		SELECT * FROM usage_logs l WHERE ` + RequestIDIs("l", "$1", "r.rid") + ` LIMIT 1) AS u`
 
 // ReplayHorizon is how long before now (by the database's clock) the
 // original of an event ingest accepts can have been recorded: an event is
@@ -69,9 +94,9 @@ const CorrectionsOfSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE correc
 
 // ByRequestIDSQL is a page of the logs of tenant $1 under request_id $2
 // (a stream's, or the one recorded under it) after id $3, at most $4.
-// The request_id arm states the digest too (RequestIDIs).
+// The request_id arm states every index's condition (RequestIDIs).
 var ByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs
-		WHERE tenant_id = $1 AND (stream_request_id = $2 OR (` + RequestIDIs("usage_logs", "$2") + `)) AND ($3::uuid IS NULL OR id > $3)
+		WHERE tenant_id = $1 AND (stream_request_id = $2 OR (` + RequestIDIs("usage_logs", "$1", "$2") + `)) AND ($3::uuid IS NULL OR id > $3)
 		ORDER BY id LIMIT $4`
 
 // LogsByIDSQL reads the logs of the ids $1: one probe an id, of its
@@ -93,7 +118,7 @@ const TenantOfLogSQL = `SELECT tenant_id FROM usage_logs WHERE id = $1`
 // recorded under the request_id $2 (not a stream's), in every partition
 // kept, as LogsByRequestIDSQL.
 var PlainLogByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs u
-	WHERE u.tenant_id = $1 AND ` + RequestIDIs("u", "$2") + ` AND u.stream_request_id IS NULL`
+	WHERE ` + RequestIDIs("u", "$1", "$2") + ` AND u.stream_request_id IS NULL`
 
 // StreamLogsSQL reads the logs of the stream $2 of the tenant $1: its
 // increases and the corrections its final checkpoints made.

@@ -30,13 +30,25 @@ import (
 //
 // Each usage_logs partition has its own unique index on request_id: a
 // unique index of the partitioned table would have to include id. Since
-// migration 0061 it is `<partition>_request_digest` on (tenant_id,
-// md5(request_id)::uuid), 16 bytes of key whatever the request_id's length
-// (RequestDigestSQL); a partition made before and holding logs keeps
-// `<partition>_request_id` on (tenant_id, request_id) until it is dropped,
-// and the lookups state both (RequestIDIs). Across the bound of two
-// partitions the claims of ClaimRequestIDsSQL referee instead, within
-// ClaimWindow of every bound.
+// migration 0067 it is `<partition>_request_key` on one 16-byte column,
+// the digest of tenant and request_id (RequestKeySQL): an entry is 28
+// bytes with its line pointer, where one of 0061's
+// `<partition>_request_digest` on (tenant_id, md5(request_id)::uuid)
+// (RequestDigestSQL) is 44, and one on (tenant_id, request_id) before it
+// 60 or more (docs/benchmarks.md, "One digest of tenant and request_id").
+// A partition made before and holding logs keeps its index until it is
+// dropped, and the lookups state every index's condition (RequestIDIs). Across the bound of two partitions the
+// claims of ClaimRequestIDsSQL referee instead, within ClaimWindow of
+// every bound.
+
+// The names of the unique indexes on request_id end so: since 0067, from
+// 0061 to 0067, before 0061 (the first partition's was
+// usage_logs_tenant_request_id before 0058).
+const (
+	RequestKeyIndexSuffix    = "_request_key"
+	RequestDigestIndexSuffix = "_request_digest"
+	RequestIDIndexSuffix     = "_request_id"
+)
 
 // PartitionDB is a pool or a connection: partitions are kept from both.
 type PartitionDB interface {
@@ -154,7 +166,7 @@ func partitionSuffix(lower time.Time) string {
 // ids recorded from lower to upper (to the millisecond) and returns the
 // usage_logs one's name. EnsurePartitions makes months; a test may make any
 // range not covered yet. Each is made empty and apart, with the unique
-// index on request_id's digest, then attached: ATTACH takes only a SHARE UPDATE
+// index on the digest of tenant and request_id (RequestKeySQL), then attached: ATTACH takes only a SHARE UPDATE
 // EXCLUSIVE lock on the partitioned table, so ingest reads and writes on
 // meanwhile.
 func AddPartition(ctx context.Context, db PartitionDB, lower, upper time.Time) (string, error) {
@@ -196,7 +208,7 @@ func addPartition(ctx context.Context, tx pgx.Tx, lower, upper time.Time) (strin
 		// (docs/benchmarks.md, "A batched usage log").
 		fmt.Sprintf(`CREATE TABLE %s (LIKE usage_logs INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION)
 			WITH (fillfactor = 100)`, logs),
-		fmt.Sprintf(`CREATE UNIQUE INDEX %s_request_digest ON %s (tenant_id, (`+RequestDigestSQL+`)) WHERE request_id IS NOT NULL`, logs, logs),
+		fmt.Sprintf(`CREATE UNIQUE INDEX %s`+RequestKeyIndexSuffix+` ON %s ((`+RequestKeySQL+`)) WHERE request_id IS NOT NULL`, logs, logs),
 		fmt.Sprintf(`ALTER TABLE usage_logs ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`, logs, from, to),
 		fmt.Sprintf(`CREATE TABLE %s (LIKE usage_reports INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING STORAGE INCLUDING COMPRESSION)`, reports),
 		fmt.Sprintf(`ALTER TABLE usage_reports ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`, reports, from, to),

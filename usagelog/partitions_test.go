@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -183,8 +184,8 @@ func TestRequestIDClaimsRefereeAcrossABound(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = race("within", idAt(bound.Add(-2*time.Millisecond)), idAt(bound.Add(-time.Millisecond)))
-	if uniqueOn(err) != names[0]+"_request_digest" || logsOf("within") != 1 {
-		t.Errorf("within one partition: the second got %v, %d logs; want the violation of %s_request_digest, one log", err, logsOf("within"), names[0])
+	if uniqueOn(err) != names[0]+usagelog.RequestKeyIndexSuffix || logsOf("within") != 1 {
+		t.Errorf("within one partition: the second got %v, %d logs; want the violation of %s_request_key, one log", err, logsOf("within"), names[0])
 	}
 	if err := race("unrefereed", idAt(bound.Add(-time.Millisecond)), idAt(bound)); err != nil || logsOf("unrefereed") != 2 {
 		t.Errorf("across the bound with nothing claimed: %v, %d logs; want both recorded (else the control cannot fail)", err, logsOf("unrefereed"))
@@ -229,8 +230,9 @@ func TestTruncateClaimsOnlyFarFromABound(t *testing.T) {
 // partition kept (a request_id is deduplicated as long as its log is
 // kept), a year of them, each by an index probe on the whole key of the
 // unique index it has — (tenant_id, request_id) on a partition made before
-// 0061, (tenant_id, md5(request_id)::uuid) since — with a generic plan and
-// a custom one, and find a log in any of them.
+// 0061, (tenant_id, md5(request_id)::uuid) from 0061, the digest of tenant
+// and request_id alone since 0067 — with a generic plan and a custom one,
+// and find a log in any of them.
 func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -241,14 +243,34 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 		bounds = append(bounds, parttest.Month(now, m))
 	}
 	names := parttest.Repartition(t, pool, bounds...)
-	// The partitions older than two months made before 0061: their unique
-	// index on the request_id itself.
-	const keyed = 11
-	for _, name := range names[:keyed] {
-		if _, err := pool.Exec(ctx, fmt.Sprintf(`DROP INDEX %[1]s_request_digest;
-			CREATE UNIQUE INDEX %[1]s_request_id ON %[1]s (tenant_id, request_id) WHERE request_id IS NOT NULL`, name)); err != nil {
-			t.Fatal(err)
+	// The partitions older than six months made before 0061, with their
+	// unique index on the request_id itself; then until two months ago
+	// before 0067, with 0061's; since, with AddPartition's.
+	const keyed, digested = 6, 11
+	shape := func(part string) parttest.IndexShape {
+		i := slices.Index(names, part)
+		switch {
+		case i < 0:
+			t.Fatalf("no partition %s", part)
+		case i < keyed:
+			return parttest.RequestIDIndex
+		case i < digested:
+			return parttest.DigestIndex
 		}
+		return parttest.KeyIndex
+	}
+	for _, name := range names[:digested] {
+		parttest.Reindex(t, pool, name, shape(name))
+	}
+	// The index of each shape and what its index condition shows.
+	indexOf := func(part string) (index, key string) {
+		switch shape(part) {
+		case parttest.RequestIDIndex:
+			return part + usagelog.RequestIDIndexSuffix, "tenant_id = "
+		case parttest.DigestIndex:
+			return part + usagelog.RequestDigestIndexSuffix, "md5(request_id)"
+		}
+		return part + usagelog.RequestKeyIndexSuffix, "md5(((tenant_id)::text || request_id))"
 	}
 	tenant := uuid.New()
 	// A log in each partition, recorded half way through its month (the
@@ -319,18 +341,20 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 				continue
 			}
 			index := strings.Fields(l[j+len("Index Scan using "):])[0]
-			part := strings.TrimSuffix(strings.TrimSuffix(index, "_request_digest"), "_request_id")
-			want := part + "_request_digest"
-			key := "md5(request_id)"
-			for _, k := range names[:keyed] {
-				if k == part {
-					want, key = part+"_request_id", "request_id = "
-				}
+			cut := strings.LastIndex(index, "_request")
+			if cut < 0 {
+				return fmt.Errorf("read by %s, not an index on request_id", index)
 			}
+			part := index[:cut]
+			want, key := indexOf(part)
 			if index != want {
 				return fmt.Errorf("%s read by %s, want %s", part, index, want)
 			}
-			if i+1 >= len(lines) || !strings.Contains(lines[i+1], "Index Cond") || !strings.Contains(lines[i+1], "tenant_id = ") || !strings.Contains(lines[i+1], key) {
+			// The whole key: the tenant and the request_id, or the
+			// digest of the request_id, or the digest of both.
+			if i+1 >= len(lines) || !strings.Contains(lines[i+1], "Index Cond") || !strings.Contains(lines[i+1], key) ||
+				(shape(part) == parttest.RequestIDIndex && !strings.Contains(lines[i+1], "request_id = ")) ||
+				(shape(part) == parttest.DigestIndex && !strings.Contains(lines[i+1], "tenant_id = ")) {
 				return fmt.Errorf("%s probed without the whole key: %s", part, lines[i+1])
 			}
 		}
@@ -389,14 +413,11 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 		// The GET by request_id (always a custom plan: readTx): the stream
 		// index or the request_id's in each partition, never a scan.
 		plan = explain("page", fmt.Sprintf("('%s', 'missing', NULL, 100)", tenant))
-		for i, name := range names {
+		for _, name := range names {
 			if mode != "force_custom_plan" {
 				break
 			}
-			index := name + "_request_digest"
-			if i < keyed {
-				index = name + "_request_id"
-			}
+			index, _ := indexOf(name)
 			if strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, "Bitmap Index Scan on "+index+" ") {
 				t.Errorf("%s: the GET by request_id reads %s without %s\n%s", mode, name, index, plan)
 				break

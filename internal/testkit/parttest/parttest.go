@@ -6,6 +6,7 @@ package parttest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -47,4 +48,41 @@ func Repartition(t testing.TB, pool *pgxpool.Pool, bounds ...time.Time) []string
 func Month(t time.Time, months int) time.Time {
 	t = t.UTC()
 	return time.Date(t.Year(), t.Month()+time.Month(months), 1, 0, 0, 0, 0, time.UTC)
+}
+
+// IndexShape is one of the shapes a usage_logs partition's unique index on
+// request_id has had.
+type IndexShape int
+
+const (
+	// KeyIndex is the digest of tenant and request_id alone (since
+	// migration 0067, usagelog.RequestKeySQL): what AddPartition makes.
+	KeyIndex IndexShape = iota
+	// DigestIndex is (tenant_id, md5(request_id)::uuid) (0061 to 0067).
+	DigestIndex
+	// RequestIDIndex is (tenant_id, request_id) (before 0061).
+	RequestIDIndex
+)
+
+// Reindex gives the partition name, as AddPartition made it, the unique
+// index on request_id of an earlier shape instead of its own, named as
+// that shape's were: a partition made then and holding logs keeps it.
+func Reindex(t testing.TB, pool *pgxpool.Pool, name string, shape IndexShape) {
+	t.Helper()
+	var create string
+	switch shape {
+	case KeyIndex:
+		return
+	case DigestIndex:
+		create = fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s%[2]s ON %[1]s (tenant_id, (%[3]s)) WHERE request_id IS NOT NULL`,
+			name, usagelog.RequestDigestIndexSuffix, usagelog.RequestDigestSQL)
+	case RequestIDIndex:
+		create = fmt.Sprintf(`CREATE UNIQUE INDEX %[1]s%[2]s ON %[1]s (tenant_id, request_id) WHERE request_id IS NOT NULL`,
+			name, usagelog.RequestIDIndexSuffix)
+	}
+	for _, q := range []string{`DROP INDEX ` + name + usagelog.RequestKeyIndexSuffix, create} {
+		if _, err := pool.Exec(context.Background(), q); err != nil {
+			t.Fatalf("reindex %s: %s: %v", name, q, err)
+		}
+	}
 }
