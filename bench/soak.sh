@@ -177,6 +177,14 @@ for kind in ("single", "batch"):
     v = sum(rate(f"volume_{kind}_{i}") for i in (1, 2))
     print(f"volume {kind}: {v / 2:.0f} events/s at volume against {e / 2:.0f} on empty tables (A B B A): ratio {v / max(e, 1):.2f}")
 PY
+# Bytes per event of the second empty database of each kind (its logs
+# pending, its keys live), the indexes as ingest made them.
+for kind in single batch; do
+  URL=$(db_url ${BENCH_DB}_e${kind}2)
+  n=$(psql -qtA "$URL" -c "SELECT count(*) FROM usage_logs")
+  echo "storage after the volume run's $kind load on empty tables, $n events (bytes per event):"
+  size $kind usage_logs "$n"; size $kind idempotency_keys "$n"
+done
 # A seeded database the loads have written to is not reused.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "DROP DATABASE IF EXISTS $VOL_DB WITH (FORCE)"
 for kind in single batch; do for i in 1 2; do psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_e${kind}$i WITH (FORCE)"; done; done
