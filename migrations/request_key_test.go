@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/overage-billing/overage/internal/testkit/parttest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/usagelog"
@@ -63,32 +64,12 @@ func TestRequestKeyMigrationMovesTheEmptyPartitions(t *testing.T) {
 	if _, err := migrations.MigrateUpTo(ctx, pool, nil, 67); err != nil {
 		t.Fatal(err)
 	}
-	uniques := func(part string) map[string]string {
-		rows, err := pool.Query(ctx, `SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-			WHERE i.indrelid = $1::regclass AND i.indisunique AND NOT i.indisprimary`, part)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		out := map[string]string{}
-		for rows.Next() {
-			var n, def string
-			if err := rows.Scan(&n, &def); err != nil {
-				t.Fatal(err)
-			}
-			out[n] = def
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	if got := uniques(ps[0].Name); len(got) != 1 || got[ps[0].Name+"_request_digest"] == "" {
+	if got := parttest.UniqueIndexes(t, pool, ps[0].Name); len(got) != 1 || got[ps[0].Name+"_request_digest"] == "" {
 		t.Errorf("the partition holding a log has unique indexes %v; want its own %s_request_digest", got, ps[0].Name)
 	}
 	const def = " USING btree (((md5(((tenant_id)::text || request_id)))::uuid)) WHERE (request_id IS NOT NULL)"
 	for _, name := range ahead {
-		if got := uniques(name); len(got) != 1 || !strings.HasSuffix(got[name+"_request_key"], def) {
+		if got := parttest.UniqueIndexes(t, pool, name); len(got) != 1 || !strings.HasSuffix(got[name+"_request_key"], def) {
 			t.Errorf("empty partition %s has unique indexes %v; want %s_request_key alone,%s", name, got, name, def)
 		}
 	}

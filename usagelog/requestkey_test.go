@@ -21,32 +21,6 @@ import (
 // unique index on request_id since 0067, after its name and table.
 const requestKeyIndexDef = "USING btree (((md5(((tenant_id)::text || request_id)))::uuid)) WHERE (request_id IS NOT NULL)"
 
-// uniqueIndexes lists the unique indexes of the partition but its primary
-// key, by name, with their definitions.
-func uniqueIndexes(t *testing.T, db interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, part string) map[string]string {
-	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-		WHERE i.indrelid = $1::regclass AND i.indisunique AND NOT i.indisprimary`, part)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	out := map[string]string{}
-	for rows.Next() {
-		var name, def string
-		if err := rows.Scan(&name, &def); err != nil {
-			t.Fatal(err)
-		}
-		out[name] = def
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 // Every partition AddPartition makes (and a fresh database's first one,
 // which migration 0067 moved) has one unique index beside its primary
 // key, `<partition>_request_key` on the digest of tenant and request_id
@@ -61,7 +35,7 @@ func TestAddPartitionIndexesTheDigestOfTenantAndRequestID(t *testing.T) {
 		t.Fatalf("created %v (%v); want the months ahead", created, err)
 	}
 	for _, part := range append([]string{"usage_logs_legacy"}, created...) {
-		got := uniqueIndexes(t, pool, part)
+		got := parttest.UniqueIndexes(t, pool, part)
 		def, ok := got[part+usagelog.RequestKeyIndexSuffix]
 		if len(got) != 1 || !ok || !strings.HasSuffix(def, " "+requestKeyIndexDef) {
 			t.Errorf("partition %s has unique indexes %v; want %s%s alone, %s", part, got, part, usagelog.RequestKeyIndexSuffix, requestKeyIndexDef)

@@ -86,3 +86,27 @@ func Reindex(t testing.TB, pool *pgxpool.Pool, name string, shape IndexShape) {
 		}
 	}
 }
+
+// UniqueIndexes lists the unique indexes of the partition part but its
+// primary key, by name, with their definitions (pg_get_indexdef).
+func UniqueIndexes(t testing.TB, pool *pgxpool.Pool, part string) map[string]string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+		WHERE i.indrelid = $1::regclass AND i.indisunique AND NOT i.indisprimary`, part)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var name, def string
+		if err := rows.Scan(&name, &def); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = def
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
