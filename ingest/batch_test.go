@@ -65,6 +65,12 @@ func TestBatchRecordsEveryEventInOneAnswer(t *testing.T) {
 			t.Fatalf("stored log %s differs from the answer %v", g.body, e)
 		}
 	}
+	// A new log keeps updated_at NULL (0068): it would only repeat
+	// created_at.
+	var fresh int
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM usage_logs WHERE updated_at IS NULL`).Scan(&fresh); err != nil || fresh != 3 {
+		t.Fatalf("%d of the 3 new logs have updated_at NULL (%v)", fresh, err)
+	}
 	// One report job per tenant covers every billable log of the batch.
 	if b.logs(t) != 3 || b.jobs(t) != 1 || b.records(t) != 1 {
 		t.Fatalf("logs/jobs/records = %d/%d/%d, want 3/1/1", b.logs(t), b.jobs(t), b.records(t))

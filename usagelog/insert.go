@@ -11,8 +11,10 @@ import "fmt"
 // $1 the tenant; per log: $2 id, $3 request_id, $4 ts, $5 user_id,
 // $6 model_id, $7 input_tokens, $8 output_tokens, $9 period_start,
 // $10 overage_input_tokens, $11 overage_output_tokens, $12 billing_status;
-// $13 created_at (the transaction's now()). The rare columns are arrays
-// that may be NULL as a whole (unnest then gives every log NULL): $14 to
+// $13 created_at (the transaction's now()); updated_at stays NULL until
+// the log changes (0068: a new log's updated_at only repeated created_at,
+// and its 8 bytes took a batched log's tuple past a MAXALIGN step). The
+// rare columns are arrays that may be NULL as a whole (unnest then gives every log NULL): $14 to
 // $16 the token parts (cache read, cache write, reasoning), $22 whether
 // the log is reported at send time (stripe_timestamp 'reported': its
 // period is closed), $23 corrects, $24 correction_reason,
@@ -24,11 +26,11 @@ import "fmt"
 // meter_tokens NULL: it equals meter_overage, and its 45 bytes were a
 // seventh of such a row (MeterTokensSQL reads it back).
 const InsertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
-		period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at, updated_at,
+		period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at,
 		cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 		meter_keys, meter_tokens, meter_overage, stripe_timestamp,
 		corrects, correction_reason, stream_request_id, corrected_by)
-	SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, $13, u.cr, u.cw, u.rs,
+	SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, u.cr, u.cw, u.rs,
 		string_to_array(u.mk, ','),
 		CASE WHEN u.cnt > 0 THEN nullif(($18::bigint[])[u.lo + 1 : u.lo + u.cnt], ($19::bigint[])[u.lo + 1 : u.lo + u.cnt]) END,
 		CASE WHEN u.cnt > 0 THEN ($19::bigint[])[u.lo + 1 : u.lo + u.cnt] END,
