@@ -30,6 +30,12 @@ SOAK_SECONDS=${SOAK_SECONDS:-600}
 VOLUME_SECONDS=${VOLUME_SECONDS:-120}
 VOLUME_LOGS=${VOLUME_LOGS:-20000000}
 VOLUME_KEYS=${VOLUME_KEYS:-10000000}
+# When the seeded logs were recorded (an SQL expression): by default ten
+# days before the current UTC month, so they are last month's and lie in
+# its partition, as a deployment's are once the month has turned. A time
+# in the current month ("now() - interval '1 hour'") puts them in the
+# partition the loads write to, as in a month's last days at that volume.
+VOLUME_SEED_AT=${VOLUME_SEED_AT:-"date_trunc('month', now(), 'UTC') - interval '10 days'"}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_soak}
 ADDR=${BENCH_ADDR:-127.0.0.1:18082}
@@ -124,7 +130,7 @@ echo "== volume: ${VOLUME_SECONDS}s each, empty tables, then $VOLUME_LOGS logs a
 psql -qtA "$PGHOST_URL" -c "SELECT 'server: ' || string_agg(name || '=' || current_setting(name), ' ' ORDER BY name) FROM unnest(ARRAY['shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_compression', 'autovacuum']) name"
 VOL_DB=${BENCH_DB}_vol
 VOL_URL=$(db_url $VOL_DB)
-SEEDED="seeded $VOLUME_LOGS logs and $VOLUME_KEYS keys"
+SEEDED="seeded $VOLUME_LOGS logs at $VOLUME_SEED_AT and $VOLUME_KEYS keys"
 if [ -n "${VOLUME_REUSE:-}" ] && [ "$(psql -qtA "$PGHOST_URL" -c "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = '$VOL_DB'")" = "$SEEDED" ]; then
   ./bin/overage migrate --database-url "$VOL_URL" >/dev/null 2>&1
   echo "reusing $VOL_DB ($SEEDED)"
@@ -133,18 +139,18 @@ echo "seeding $VOL_DB: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/load
 fresh $VOL_DB
 # Billed logs of last month spread over the 100 tenants, and one day of the
 # single-event tenant's keys, the counters kept by their trigger.
-psql -q "$VOL_URL" <<SQL
+psql -q "$VOL_URL" -v seed_at="($VOLUME_SEED_AT)" <<SQL
 INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
     period_start, overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at, updated_at)
-SELECT (lpad(to_hex(floor(extract(epoch FROM now() - interval '20 days') * 1000)::bigint), 12, '0') || '7' || lpad(to_hex(g % 4096), 3, '0') || '8' || lpad(to_hex(g), 15, '0'))::uuid, ('00000000-0000-0000-0000-' || lpad((g % 100 + 1)::text, 12, '0'))::uuid, 'seed-' || g,
-    now() - interval '20 days', 'u', 'm', 100, 20, date_trunc('month', now() - interval '20 days', 'UTC'), 100, 20,
-    'billed', now(), now() - interval '20 days', now() - interval '20 days'
+SELECT (lpad(to_hex(floor(extract(epoch FROM :seed_at) * 1000)::bigint), 12, '0') || '7' || lpad(to_hex(g % 4096), 3, '0') || '8' || lpad(to_hex(g), 15, '0'))::uuid, ('00000000-0000-0000-0000-' || lpad((g % 100 + 1)::text, 12, '0'))::uuid, 'seed-' || g,
+    :seed_at, 'u', 'm', 100, 20, date_trunc('month', :seed_at, 'UTC'), 100, 20,
+    'billed', now(), :seed_at, :seed_at
 FROM generate_series(1, $VOLUME_LOGS) g;
 INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
 SELECT '00000000-0000-0000-0000-000000000001', 'seed-' || g, '\x00', 202, '\x7b7d', now() + (g % 86000) * interval '1 second'
 FROM generate_series(1, $VOLUME_KEYS) g;
 SQL
-psql -q "$PGHOST_URL" -c "COMMENT ON DATABASE $VOL_DB IS '$SEEDED'"
+echo "COMMENT ON DATABASE $VOL_DB IS :'seeded'" | psql -q "$PGHOST_URL" -v seeded="$SEEDED"
 echo "seeded: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 [ -n "${VOLUME_SEED_ONLY:-}" ] && exit 0
 fi

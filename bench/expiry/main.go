@@ -25,7 +25,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -183,6 +182,9 @@ func run(p params) (bool, error) {
 	}
 	serve.Stop()
 	serveStopped = true
+	// Billing is given 5 minutes after the last answer to finish; a run
+	// it does not finish in still reports the rest (its billing goal then
+	// fails), since the backlog and maintenance goals are judged either way.
 	for {
 		var pending bool
 		if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM usage_logs WHERE billing_status = 'pending')").Scan(&pending); err != nil {
@@ -192,7 +194,8 @@ func run(p params) (bool, error) {
 			break
 		}
 		if time.Since(lastAck) > 5*time.Minute {
-			return false, errors.New("logs still pending 5 minutes after the last batch was acknowledged")
+			fmt.Println("logs still pending 5 minutes after the last batch was acknowledged: reporting the run as it stands")
+			break
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
