@@ -28,10 +28,9 @@ trap drop EXIT
 drop
 psql -q "$PGHOST_URL" -c "CREATE DATABASE $BENCH_DB"
 ./bin/overage-dev migrate --database-url "$URL" >/dev/null 2>&1
-# A fresh database's first partition spanned everything to three UTC days
-# ahead (migration 0025); migrate now ends it, empty, at the current
-# minute (idempotency.FitFirstPartition). It is dropped here all the same,
-# as its expiry would, so that every partition of the run is a minute's.
+# A fresh database's first partition spans everything to three UTC days
+# ahead (migration 0025), so the minutes would all land in it. It is empty:
+# drop it, as its expiry would, and let migrate make the minutes.
 legacy=$(psql -qtA "$URL" -c "SELECT count(*) FROM idempotency_keys_legacy")
 [ "$legacy" = 0 ] || { echo "idempotency_keys_legacy holds $legacy records: not a fresh database" >&2; exit 1; }
 psql -q "$URL" -c "DROP TABLE idempotency_keys_legacy"

@@ -31,10 +31,10 @@ VOLUME_SECONDS=${VOLUME_SECONDS:-120}
 VOLUME_LOGS=${VOLUME_LOGS:-20000000}
 VOLUME_KEYS=${VOLUME_KEYS:-10000000}
 # When the seeded logs were recorded (an SQL expression): by default ten
-# days before the current UTC month, so they are last month's and lie in
-# its partition, as a deployment's are once the month has turned. A time
-# in the current month ("now() - interval '1 hour'") puts them in the
-# partition the loads write to, as in a month's last days at that volume.
+# days before the current UTC month, so they are last month's whatever
+# the day of the run. (On a new database they still share the first
+# partition with the loads' logs: it spans the months to the month after
+# next, docs/benchmarks.md, "Fitting a new database's first partitions".)
 VOLUME_SEED_AT=${VOLUME_SEED_AT:-"date_trunc('month', now(), 'UTC') - interval '10 days'"}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_soak}
