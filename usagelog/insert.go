@@ -14,8 +14,8 @@ import "fmt"
 // $13 created_at (the transaction's now()); updated_at stays NULL until
 // the log changes (0068: a new log's updated_at only repeated created_at,
 // and its 8 bytes took a batched log's tuple past a MAXALIGN step). The
-// rare columns are arrays that may be NULL as a whole (unnest then gives every log NULL): $14 to
-// $16 the token parts (cache read, cache write, reasoning), $22 whether
+// rare columns are arrays that may be NULL as a whole (unnest then gives
+// every log NULL): $14 to $16 the token parts (cache read, cache write, reasoning), $22 whether
 // the log is reported at send time (stripe_timestamp 'reported': its
 // period is closed), $23 corrects, $24 correction_reason,
 // $25 stream_request_id, $26 corrected_by. The lines of the meters other
