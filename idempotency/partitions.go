@@ -100,53 +100,141 @@ func EnsurePartitions(ctx context.Context, db DB) ([]string, error) {
 func ensurePartitions(ctx context.Context, db DB, l layout) ([]string, error) {
 	var created []string
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockID); err != nil {
-			return fmt.Errorf("lock idempotency record partitions: %w", err)
-		}
-		// Queue behind a long transaction for a while, then give up (the
-		// next run tries again) rather than hold up ingest behind us.
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
-			return fmt.Errorf("set lock_timeout: %w", err)
-		}
-		// The start of the current partition: bins of l.Width from a UTC
-		// midnight, so for a day wide the UTC day, date_trunc('day', now(), 'UTC').
-		var current time.Time
-		if err := tx.QueryRow(ctx, `SELECT date_bin(make_interval(secs => $1), now(), timestamptz '2000-01-01 00:00:00+00')`,
-			l.Width.Seconds()).Scan(&current); err != nil {
-			return fmt.Errorf("read the database clock: %w", err)
-		}
-		current = current.UTC()
-		ps, err := partitions(ctx, tx)
-		if err != nil {
+		if err := lockPartitions(ctx, tx); err != nil {
 			return err
 		}
-	bins:
-		for d := current; !d.After(current.Add(time.Duration(l.Ahead) * l.Width)); d = d.Add(l.Width) {
-			for _, p := range ps {
-				if covers(p, d) {
-					continue bins
-				}
-			}
-			name := l.name(d)
-			upper := d.Add(l.Width)
-			for _, q := range []string{
-				fmt.Sprintf(`CREATE TABLE %s (LIKE idempotency_keys INCLUDING DEFAULTS INCLUDING COMPRESSION)`, name),
-				fmt.Sprintf(`CREATE UNIQUE INDEX %s_key ON %s ((%s))`, name, name, KeyDigest("tenant_id", "idempotency_key")),
-				fmt.Sprintf(`ALTER TABLE idempotency_keys ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
-					name, d.Format(time.RFC3339), upper.Format(time.RFC3339)),
-			} {
-				if _, err := tx.Exec(ctx, q); err != nil {
-					return fmt.Errorf("create idempotency record partition %s: %w", name, err)
-				}
-			}
-			created = append(created, name)
-		}
-		return nil
+		var err error
+		created, err = ensureBins(ctx, tx, l)
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return created, nil
+}
+
+func lockPartitions(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockID); err != nil {
+		return fmt.Errorf("lock idempotency record partitions: %w", err)
+	}
+	// Queue behind a long transaction for a while, then give up (the
+	// next run tries again) rather than hold up ingest behind us.
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
+	return nil
+}
+
+// currentBin is the start of the current partition by the database's
+// clock: bins of l.Width from a UTC midnight, so for a day wide the UTC
+// day, date_trunc('day', now(), 'UTC').
+func currentBin(ctx context.Context, tx pgx.Tx, l layout) (time.Time, error) {
+	var current time.Time
+	if err := tx.QueryRow(ctx, `SELECT date_bin(make_interval(secs => $1), now(), timestamptz '2000-01-01 00:00:00+00')`,
+		l.Width.Seconds()).Scan(&current); err != nil {
+		return current, fmt.Errorf("read the database clock: %w", err)
+	}
+	return current.UTC(), nil
+}
+
+// ensureBins is ensurePartitions in tx, which holds lockPartitions.
+func ensureBins(ctx context.Context, tx pgx.Tx, l layout) ([]string, error) {
+	current, err := currentBin(ctx, tx, l)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := partitions(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	var created []string
+bins:
+	for d := current; !d.After(current.Add(time.Duration(l.Ahead) * l.Width)); d = d.Add(l.Width) {
+		for _, p := range ps {
+			if covers(p, d) {
+				continue bins
+			}
+		}
+		name := l.name(d)
+		upper := d.Add(l.Width)
+		for _, q := range []string{
+			fmt.Sprintf(`CREATE TABLE %s (LIKE idempotency_keys INCLUDING DEFAULTS INCLUDING COMPRESSION)`, name),
+			fmt.Sprintf(`CREATE UNIQUE INDEX %s_key ON %s ((%s))`, name, name, KeyDigest("tenant_id", "idempotency_key")),
+			fmt.Sprintf(`ALTER TABLE idempotency_keys ATTACH PARTITION %s FOR VALUES FROM ('%s') TO ('%s')`,
+				name, d.Format(time.RFC3339), upper.Format(time.RFC3339)),
+		} {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return nil, fmt.Errorf("create idempotency record partition %s: %w", name, err)
+			}
+		}
+		created = append(created, name)
+	}
+	return created, nil
+}
+
+// FitFirstPartition ends the first partition (idempotency_keys_legacy) at
+// the start of the current one when it holds no record, then creates the
+// partitions from there as EnsurePartitions does, in one transaction; it
+// reports whether it refitted it. It is for a new database (`overage
+// migrate` runs it): migration 0025 made the table as it was the partition
+// of every expiry up to three UTC days ahead of the migration, so a new
+// deployment's first days of records would share that one partition and
+// its one unique index, which grows by every record of those days, where
+// each later day has a partition of its own. A first partition holding a
+// record is left as it is. It is locked (ACCESS EXCLUSIVE, under
+// lock_timeout) before it is looked at: an ingest routing a record to it
+// waits, and once this commits the record goes to the day's partition,
+// made in the same transaction.
+func FitFirstPartition(ctx context.Context, db DB) (bool, []string, error) {
+	return fitFirstPartition(ctx, db, lay)
+}
+
+func fitFirstPartition(ctx context.Context, db DB, l layout) (bool, []string, error) {
+	var (
+		fitted  bool
+		created []string
+	)
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := lockPartitions(ctx, tx); err != nil {
+			return err
+		}
+		current, err := currentBin(ctx, tx, l)
+		if err != nil {
+			return err
+		}
+		ps, err := partitions(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if len(ps) > 0 && ps[0].Lower == nil && ps[0].Upper.After(current) {
+			first := ps[0].Name
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`LOCK TABLE %s IN ACCESS EXCLUSIVE MODE`, first)); err != nil {
+				return fmt.Errorf("lock the first idempotency record partition: %w", err)
+			}
+			var holds bool
+			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s)`, first)).Scan(&holds); err != nil {
+				return fmt.Errorf("read whether the first idempotency record partition holds records: %w", err)
+			}
+			if !holds {
+				for _, q := range []string{
+					fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s`, first),
+					fmt.Sprintf(`ALTER TABLE idempotency_keys ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO ('%s')`,
+						first, current.Format(time.RFC3339)),
+				} {
+					if _, err := tx.Exec(ctx, q); err != nil {
+						return fmt.Errorf("end the first idempotency record partition at %s: %w", current.Format(time.RFC3339), err)
+					}
+				}
+				fitted = true
+			}
+		}
+		created, err = ensureBins(ctx, tx, l)
+		return err
+	})
+	if err != nil {
+		return false, nil, err
+	}
+	return fitted, created, nil
 }
 
 // DropExpired detaches and drops every partition whose records all expired

@@ -420,3 +420,87 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A new database's first partition spans the days to three ahead of its
+// migration: while it holds no record, FitFirstPartition ends it where the
+// current day begins and makes the days from there, so a record written
+// now goes to its expiry day's partition; a second run does nothing. A
+// first partition that holds a record stays as it is — also one whose
+// record's transaction was still open when the fit came: the fit waits
+// for it behind its lock, then finds the record.
+func TestFitFirstPartitionEndsAnEmptyFirstPartitionAtToday(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	insert := `INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
+		VALUES (gen_random_uuid(), 'k', '\x00', 202, '\x7b7d', now() + interval '24 hours')`
+	where := `SELECT tableoid::regclass::text FROM idempotency_keys`
+
+	pool, _ := pgtest.NewPool(t)
+	today := dbToday(t, pool)
+	before, err := idempotency.Partitions(ctx, pool)
+	if err != nil || before[0].Lower != nil || !before[0].Upper.After(today.AddDate(0, 0, 1)) {
+		t.Fatalf("a new database's first partition: %+v (%v); want one spanning days ahead", before, err)
+	}
+	fitted, created, err := idempotency.FitFirstPartition(ctx, pool)
+	if err != nil || !fitted || len(created) == 0 {
+		t.Fatalf("fit = %v, created %v, %v; want the first partition ended and days made", fitted, created, err)
+	}
+	ps, err := idempotency.Partitions(ctx, pool)
+	if err != nil || ps[0].Name != before[0].Name || ps[0].Lower != nil || !ps[0].Upper.Equal(today) {
+		t.Fatalf("first partition after the fit: %+v (%v); want it ending at %v", ps[0], err, today)
+	}
+	for i, p := range ps[1:] {
+		if p.Lower == nil || !p.Lower.Equal(ps[i].Upper) {
+			t.Fatalf("partition %+v does not follow %+v", p, ps[i])
+		}
+	}
+	if last := ps[len(ps)-1]; !last.Upper.Equal(today.AddDate(0, 0, idempotency.Ahead+1)) {
+		t.Fatalf("last partition %+v; want the days to %d ahead", last, idempotency.Ahead)
+	}
+	exec(t, pool, insert)
+	var got string
+	if err := pool.QueryRow(ctx, where).Scan(&got); err != nil || got != dayName(today.AddDate(0, 0, 1)) {
+		t.Fatalf("a record expiring tomorrow went to %s (%v), want %s", got, err, dayName(today.AddDate(0, 0, 1)))
+	}
+	if fitted, created, err := idempotency.FitFirstPartition(ctx, pool); err != nil || fitted || len(created) != 0 {
+		t.Fatalf("second fit = %v, created %v, %v; want nothing", fitted, created, err)
+	}
+
+	// A record in the first partition, its transaction open as the fit
+	// comes: the fit waits, and leaves the partition with it as it is.
+	held, _ := pgtest.NewPool(t)
+	tx, err := held.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, insert); err != nil {
+		t.Fatal(err)
+	}
+	type fit struct {
+		fitted bool
+		err    error
+	}
+	done := make(chan fit, 1)
+	go func() {
+		fitted, _, err := idempotency.FitFirstPartition(ctx, held)
+		done <- fit{fitted, err}
+	}()
+	waitFor(t, func() bool {
+		return count(t, held, `SELECT count(*) FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock'
+			AND relation = 'idempotency_keys_legacy'::regclass`) == 1
+	}, "the fit to wait for the open transaction's lock")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.err != nil || r.fitted {
+		t.Fatalf("fit over a committed record = %v, %v; want no fit", r.fitted, r.err)
+	}
+	after, err := idempotency.Partitions(ctx, held)
+	if err != nil || after[0].Lower != nil || !after[0].Upper.After(today.AddDate(0, 0, 1)) {
+		t.Fatalf("first partition holding a record: %+v (%v); want it left spanning days ahead", after[0], err)
+	}
+	if got := count(t, held, `SELECT count(*) FROM idempotency_keys_legacy`); got != 1 {
+		t.Fatalf("first partition holds %d records, want the 1 committed", got)
+	}
+}

@@ -235,6 +235,45 @@ func EnsurePartitions(ctx context.Context, db PartitionDB) ([]string, error) {
 		if err := lockPartitions(ctx, tx); err != nil {
 			return err
 		}
+		var err error
+		created, err = ensureMonths(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return created, nil
+}
+
+// FitFirstPartition ends the first partitions (usage_logs_legacy and
+// usage_reports_legacy) at the current UTC month when they hold nothing,
+// then creates the months from there as EnsurePartitions does, in one
+// transaction; it reports whether it refitted them. It is for a new
+// database (`overage migrate` runs it): migration 0058 made the table as
+// it was the partition of every id below a bound months ahead of the
+// migration, so a new deployment would otherwise write its first two or
+// three months into that one partition, whose indexes grow all that time
+// (the unique index on request_id takes every log of them at random
+// places: at 20 million logs, most of what ingest writes there dirties a
+// page it must first read, and writes it whole to the WAL after each
+// checkpoint) and which retention can drop only when the last of those
+// months is past. Refitted, each month has its partition from the first
+// day, as on a database that has run a while. Partitions that hold a log
+// or a report are left as they are: their rows stay where they are.
+//
+// The first partitions are locked (ACCESS EXCLUSIVE, under lock_timeout)
+// before they are looked at: an ingest routing a log to them waits, and
+// once this commits its log goes to the month's partition, made in the
+// same transaction.
+func FitFirstPartition(ctx context.Context, db PartitionDB) (bool, []string, error) {
+	var (
+		fitted  bool
+		created []string
+	)
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := lockPartitions(ctx, tx); err != nil {
+			return err
+		}
 		var month time.Time
 		if err := tx.QueryRow(ctx, `SELECT date_trunc('month', now(), 'UTC')`).Scan(&month); err != nil {
 			return fmt.Errorf("read the database clock: %w", err)
@@ -243,27 +282,66 @@ func EnsurePartitions(ctx context.Context, db PartitionDB) ([]string, error) {
 		if err != nil {
 			return err
 		}
-	months:
-		for m := month.UTC(); !m.After(month.UTC().AddDate(0, Ahead, 0)); m = m.AddDate(0, 1, 0) {
-			upper := m.AddDate(0, 1, 0)
-			for _, p := range ps {
-				if p.covers(m) {
-					continue months
-				}
-				if p.Lower != nil && p.Lower.After(m) && p.Lower.Before(upper) {
-					upper = *p.Lower
-				}
+		if len(ps) > 0 && ps[0].Lower == nil && ps[0].Reports != "" && ps[0].Upper.After(month) {
+			first := ps[0]
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE`, first.Name, first.Reports)); err != nil {
+				return fmt.Errorf("lock the first usage log partition: %w", err)
 			}
-			name, err := addPartition(ctx, tx, m, upper)
-			if err != nil {
-				return err
+			var holds bool
+			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s) OR EXISTS (SELECT FROM %s)`, first.Name, first.Reports)).Scan(&holds); err != nil {
+				return fmt.Errorf("read whether the first usage log partition holds logs: %w", err)
 			}
-			created = append(created, name)
+			if !holds {
+				to := IDFloor(month)
+				for _, q := range []string{
+					fmt.Sprintf(`ALTER TABLE usage_reports DETACH PARTITION %s`, first.Reports),
+					fmt.Sprintf(`ALTER TABLE usage_logs DETACH PARTITION %s`, first.Name),
+					fmt.Sprintf(`ALTER TABLE usage_logs ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO ('%s')`, first.Name, to),
+					fmt.Sprintf(`ALTER TABLE usage_reports ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO ('%s')`, first.Reports, to),
+				} {
+					if _, err := tx.Exec(ctx, q); err != nil {
+						return fmt.Errorf("end the first usage log partition at %s: %w", month.UTC().Format("2006-01"), err)
+					}
+				}
+				fitted = true
+			}
 		}
-		return nil
+		created, err = ensureMonths(ctx, tx)
+		return err
 	})
 	if err != nil {
+		return false, nil, err
+	}
+	return fitted, created, nil
+}
+
+// ensureMonths is EnsurePartitions in tx, which holds lockPartitions.
+func ensureMonths(ctx context.Context, tx pgx.Tx) ([]string, error) {
+	var created []string
+	var month time.Time
+	if err := tx.QueryRow(ctx, `SELECT date_trunc('month', now(), 'UTC')`).Scan(&month); err != nil {
+		return nil, fmt.Errorf("read the database clock: %w", err)
+	}
+	ps, err := Partitions(ctx, tx)
+	if err != nil {
 		return nil, err
+	}
+months:
+	for m := month.UTC(); !m.After(month.UTC().AddDate(0, Ahead, 0)); m = m.AddDate(0, 1, 0) {
+		upper := m.AddDate(0, 1, 0)
+		for _, p := range ps {
+			if p.covers(m) {
+				continue months
+			}
+			if p.Lower != nil && p.Lower.After(m) && p.Lower.Before(upper) {
+				upper = *p.Lower
+			}
+		}
+		name, err := addPartition(ctx, tx, m, upper)
+		if err != nil {
+			return nil, err
+		}
+		created = append(created, name)
 	}
 	return created, nil
 }

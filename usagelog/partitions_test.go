@@ -461,3 +461,94 @@ func TestLookupsReadOnlyThePartitionsTheirLogsCanBeIn(t *testing.T) {
 		}
 	}
 }
+
+// A new database's first partitions span months ahead of its migration:
+// while they hold nothing, FitFirstPartition ends them where the current
+// month begins and makes the months from there, so a log recorded now goes
+// to its month's partition; a second run does nothing. First partitions
+// that hold a log stay as they are — also when the log's transaction was
+// still open as the fit came: the fit waits for it behind its lock, then
+// finds the log.
+func TestFitFirstPartitionEndsEmptyFirstPartitionsAtTheMonth(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	var month time.Time
+	if err := pool.QueryRow(ctx, `SELECT date_trunc('month', now(), 'UTC')`).Scan(&month); err != nil {
+		t.Fatal(err)
+	}
+	month = month.UTC()
+	fitted, created, err := usagelog.FitFirstPartition(ctx, pool)
+	if err != nil || !fitted || len(created) != usagelog.Ahead+1 || created[0] != "usage_logs_p"+month.Format("200601") {
+		t.Fatalf("fit = %v, created %v, %v; want the first partitions ended and the months from %v made", fitted, created, err, month)
+	}
+	ps, err := usagelog.Partitions(ctx, pool)
+	if err != nil || ps[0].Name != "usage_logs_legacy" || ps[0].Reports != "usage_reports_legacy" || ps[0].Lower != nil || !ps[0].Upper.Equal(month) {
+		t.Fatalf("first partition after the fit: %+v (%v); want it ending at %v", ps[0], err, month)
+	}
+	for i, p := range ps[1:] {
+		if p.Lower == nil || !p.Lower.Equal(ps[i].Upper) || p.Reports == "" {
+			t.Fatalf("partition %+v does not follow %+v", p, ps[i])
+		}
+	}
+	tenant := uuid.New()
+	if _, err := pool.Exec(ctx, insertLogSQL, tenant, idAt(time.Now()), "r1"); err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if err := pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM usage_logs`).Scan(&got); err != nil || got != created[0] {
+		t.Fatalf("a log recorded now went to %s (%v), want %s", got, err, created[0])
+	}
+	if fitted, created, err := usagelog.FitFirstPartition(ctx, pool); err != nil || fitted || len(created) != 0 {
+		t.Fatalf("second fit = %v, created %v, %v; want nothing", fitted, created, err)
+	}
+
+	// A log in the first partition, its transaction open as the fit comes.
+	held, _ := pgtest.NewPool(t)
+	tx, err := held.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, insertLogSQL, tenant, idAt(time.Now()), "r1"); err != nil {
+		t.Fatal(err)
+	}
+	type fit struct {
+		fitted bool
+		err    error
+	}
+	done := make(chan fit, 1)
+	go func() {
+		fitted, _, err := usagelog.FitFirstPartition(ctx, held)
+		done <- fit{fitted, err}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := held.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock'
+				AND relation = 'usage_logs_legacy'::regclass)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the fit to wait for the open transaction's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.err != nil || r.fitted {
+		t.Fatalf("fit over a committed log = %v, %v; want no fit", r.fitted, r.err)
+	}
+	after, err := usagelog.Partitions(ctx, held)
+	if err != nil || after[0].Lower != nil || !after[0].Upper.After(month) {
+		t.Fatalf("first partition holding a log: %+v (%v); want it left spanning months ahead", after[0], err)
+	}
+	var n int
+	if err := held.QueryRow(ctx, `SELECT count(*) FROM usage_logs_legacy`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("first partition holds %d logs (%v), want the 1 committed", n, err)
+	}
+}

@@ -241,6 +241,13 @@ func TestMigrateSaysToCreateAMissingDatabase(t *testing.T) {
 	if code != 0 || !strings.HasPrefix(out, "created the database\napplied River's migrations 001 to ") || !strings.Contains(out, "\napplied 0001_init\n") || stderr != "" {
 		t.Fatalf("migrate --create-database: exit %d, stdout %q, stderr %q", code, out, stderr)
 	}
+	// A new database's empty first partitions end at the current day and
+	// month (usagelog.FitFirstPartition): this month has its own.
+	month := time.Now().UTC().Format("200601")
+	if !strings.Contains(out, "\nended the empty first idempotency record partition at the current day\n") ||
+		!strings.Contains(out, "\nended the empty first usage log partition at the current month\ncreated partition usage_logs_p"+month+"\n") {
+		t.Fatalf("migrate --create-database did not fit the first partitions: stdout %q", out)
+	}
 	// Again: nothing to create, nothing to apply, one line.
 	out, stderr, code = binary(t, env, "migrate", "--create-database")
 	if code != 0 || out != "migrations applied: 0 river, 0 overage\n" || stderr != "" {

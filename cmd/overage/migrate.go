@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/overage-billing/overage/app"
+	"github.com/overage-billing/overage/idempotency"
 	"github.com/overage-billing/overage/migrations"
 	"github.com/overage-billing/overage/usagelog"
 )
@@ -48,11 +49,29 @@ func cmdMigrate(ctx context.Context, e env, args []string) error {
 		fmt.Fprintf(e.stdout, "applied %04d_%s\n", m.Version, m.Name)
 	}
 	fmt.Fprintf(e.stdout, "migrations applied: %d river, %d overage\n", len(res.RiverVersions), len(res.Applied))
-	// The usage log partitions of the months ahead, so that ingest goes on
-	// for months should no `overage work` run (it keeps them hourly).
-	created, err := usagelog.EnsurePartitions(ctx, pool)
+	// On a new database the first partitions (the tables as they were
+	// before partitioning) span months of usage logs and days of
+	// idempotency records ahead; while they hold nothing they are ended
+	// where the current month and day begin, so each has a partition of
+	// its own from the start (usagelog.FitFirstPartition).
+	fitted, created, err := idempotency.FitFirstPartition(ctx, pool)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
+	}
+	if fitted {
+		fmt.Fprintln(e.stdout, "ended the empty first idempotency record partition at the current day")
+	}
+	for _, name := range created {
+		fmt.Fprintf(e.stdout, "created partition %s\n", name)
+	}
+	// The usage log partitions of the months ahead, so that ingest goes on
+	// for months should no `overage work` run (it keeps them hourly).
+	fitted, created, err = usagelog.FitFirstPartition(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	if fitted {
+		fmt.Fprintln(e.stdout, "ended the empty first usage log partition at the current month")
 	}
 	for _, name := range created {
 		fmt.Fprintf(e.stdout, "created partition %s\n", name)
