@@ -37,14 +37,21 @@ func TestReconcileAndFinanceAreTheSameAfterADrop(t *testing.T) {
 	ctx := context.Background()
 	// The fixture's logs are minted now: the first partition ends a few
 	// seconds from now, the second runs to the end of the month, and the
-	// months after are made as usual.
+	// months after are made as usual. The first begins 48 hours ago or at
+	// the month's start, whichever is earlier: begun later in the month,
+	// EnsurePartitions would make the month's part before it, and that
+	// empty partition would be the first dropped.
 	var bound time.Time
 	var first string
 	f := newFixture(t, emulator.Options{}, func(pool *pgxpool.Pool) {
 		now := time.Now().UTC()
 		bound = now.Add(15 * time.Second)
+		from := now.Add(-48 * time.Hour)
+		if m := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC); m.Before(from) {
+			from = m
+		}
 		next := time.Date(bound.Year(), bound.Month(), 1, 0, 0, 0, 0, time.UTC).AddDate(0, 1, 0)
-		first = retentiontest.Replace(t, pool, now.Add(-48*time.Hour), bound, next)[0]
+		first = retentiontest.Replace(t, pool, from, bound, next)[0]
 	})
 	var inFirst int
 	if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM `+first).Scan(&inFirst); err != nil {
