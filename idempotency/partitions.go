@@ -114,15 +114,7 @@ func ensurePartitions(ctx context.Context, db DB, l layout) ([]string, error) {
 }
 
 func lockPartitions(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockID); err != nil {
-		return fmt.Errorf("lock idempotency record partitions: %w", err)
-	}
-	// Queue behind a long transaction for a while, then give up (the
-	// next run tries again) rather than hold up ingest behind us.
-	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
-		return fmt.Errorf("set lock_timeout: %w", err)
-	}
-	return nil
+	return pgpartition.Lock(ctx, tx, lockID, "idempotency record")
 }
 
 // currentBin is the start of the current partition by the database's

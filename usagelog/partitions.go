@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/pgpartition"
 )
 
 // Partitions of usage_logs and usage_reports (migrations 0054-0059).
@@ -205,15 +206,7 @@ func AddPartition(ctx context.Context, db PartitionDB, lower, upper time.Time) (
 }
 
 func lockPartitions(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, lockID); err != nil {
-		return fmt.Errorf("lock usage log partitions: %w", err)
-	}
-	// Queue behind a long transaction for a while, then give up (the next
-	// run tries again) rather than hold up ingest behind us.
-	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
-		return fmt.Errorf("set lock_timeout: %w", err)
-	}
-	return nil
+	return pgpartition.Lock(ctx, tx, lockID, "usage log")
 }
 
 func addPartition(ctx context.Context, tx pgx.Tx, lower, upper time.Time) (string, error) {

@@ -53,28 +53,27 @@ func cmdMigrate(ctx context.Context, e env, args []string) error {
 	// before partitioning) span months of usage logs and days of
 	// idempotency records ahead; while they hold nothing they are ended
 	// where the current month and day begin, so each has a partition of
-	// its own from the start (usagelog.FitFirstPartition).
-	fitted, created, err := idempotency.FitFirstPartition(ctx, pool)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
+	// its own from the start (idempotency and usagelog FitFirstPartition).
+	// The partitions ahead are made with them, so that ingest goes on for
+	// months should no `overage work` run (it keeps them hourly).
+	fits := []struct {
+		fit   func() (bool, []string, error)
+		ended string
+	}{
+		{func() (bool, []string, error) { return idempotency.FitFirstPartition(ctx, pool) }, "ended the empty first idempotency record partition at the current day"},
+		{func() (bool, []string, error) { return usagelog.FitFirstPartition(ctx, pool) }, "ended the empty first usage log partition at the current month"},
 	}
-	if fitted {
-		fmt.Fprintln(e.stdout, "ended the empty first idempotency record partition at the current day")
-	}
-	for _, name := range created {
-		fmt.Fprintf(e.stdout, "created partition %s\n", name)
-	}
-	// The usage log partitions of the months ahead, so that ingest goes on
-	// for months should no `overage work` run (it keeps them hourly).
-	fitted, created, err = usagelog.FitFirstPartition(ctx, pool)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	if fitted {
-		fmt.Fprintln(e.stdout, "ended the empty first usage log partition at the current month")
-	}
-	for _, name := range created {
-		fmt.Fprintf(e.stdout, "created partition %s\n", name)
+	for _, f := range fits {
+		fitted, created, err := f.fit()
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		if fitted {
+			fmt.Fprintln(e.stdout, f.ended)
+		}
+		for _, name := range created {
+			fmt.Fprintf(e.stdout, "created partition %s\n", name)
+		}
 	}
 	return nil
 }

@@ -91,3 +91,18 @@ func Detached(ctx context.Context, db overage.DB, pattern string) ([]string, err
 	}
 	return names, nil
 }
+
+// Lock takes, in tx, the advisory lock key that serialises the changes of
+// one table's partitions (what names them in an error), then bounds the
+// transaction's waits for table locks: behind a long transaction, a
+// change queues for a while and then gives up (its next run tries again)
+// rather than hold up the writes queued behind it.
+func Lock(ctx context.Context, tx pgx.Tx, key int64, what string) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, key); err != nil {
+		return fmt.Errorf("lock %s partitions: %w", what, err)
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
+	return nil
+}

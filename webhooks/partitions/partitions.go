@@ -115,15 +115,7 @@ func Add(ctx context.Context, db DB, until time.Time) (string, error) {
 }
 
 func lockPartitions(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, partitionLock); err != nil {
-		return fmt.Errorf("lock webhook event partitions: %w", err)
-	}
-	// Queue behind a long transaction for a while, then give up (the next
-	// run tries again) rather than hold deliveries up behind us.
-	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`); err != nil {
-		return fmt.Errorf("set lock_timeout: %w", err)
-	}
-	return nil
+	return pgpartition.Lock(ctx, tx, partitionLock, "webhook event")
 }
 
 // addPartition is Add in tx, which holds the partitions' lock.
