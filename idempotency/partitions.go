@@ -199,25 +199,10 @@ func fitFirstPartition(ctx context.Context, db DB, l layout) (bool, []string, er
 			return err
 		}
 		if len(ps) > 0 && ps[0].Lower == nil && ps[0].Upper.After(current) {
-			first := ps[0].Name
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`LOCK TABLE %s IN ACCESS EXCLUSIVE MODE`, first)); err != nil {
-				return fmt.Errorf("lock the first idempotency record partition: %w", err)
-			}
-			var holds bool
-			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s)`, first)).Scan(&holds); err != nil {
-				return fmt.Errorf("read whether the first idempotency record partition holds records: %w", err)
-			}
-			if !holds {
-				for _, q := range []string{
-					fmt.Sprintf(`ALTER TABLE idempotency_keys DETACH PARTITION %s`, first),
-					fmt.Sprintf(`ALTER TABLE idempotency_keys ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO ('%s')`,
-						first, current.Format(time.RFC3339)),
-				} {
-					if _, err := tx.Exec(ctx, q); err != nil {
-						return fmt.Errorf("end the first idempotency record partition at %s: %w", current.Format(time.RFC3339), err)
-					}
-				}
-				fitted = true
+			fitted, err = pgpartition.EndEmptyFirst(ctx, tx, []pgpartition.Table{{Parent: "idempotency_keys", Name: ps[0].Name}},
+				current.Format(time.RFC3339))
+			if err != nil {
+				return err
 			}
 		}
 		created, err = ensureBins(ctx, tx, l)

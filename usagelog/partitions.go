@@ -299,26 +299,10 @@ func FitFirstPartition(ctx context.Context, db PartitionDB) (bool, []string, err
 		}
 		if len(ps) > 0 && ps[0].Lower == nil && ps[0].Reports != "" && ps[0].Upper.After(month) {
 			first := ps[0]
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`LOCK TABLE %s, %s IN ACCESS EXCLUSIVE MODE`, first.Name, first.Reports)); err != nil {
-				return fmt.Errorf("lock the first usage log partition: %w", err)
-			}
-			var holds bool
-			if err := tx.QueryRow(ctx, fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s) OR EXISTS (SELECT FROM %s)`, first.Name, first.Reports)).Scan(&holds); err != nil {
-				return fmt.Errorf("read whether the first usage log partition holds logs: %w", err)
-			}
-			if !holds {
-				to := IDFloor(month)
-				for _, q := range []string{
-					fmt.Sprintf(`ALTER TABLE usage_reports DETACH PARTITION %s`, first.Reports),
-					fmt.Sprintf(`ALTER TABLE usage_logs DETACH PARTITION %s`, first.Name),
-					fmt.Sprintf(`ALTER TABLE usage_logs ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO ('%s')`, first.Name, to),
-					fmt.Sprintf(`ALTER TABLE usage_reports ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO ('%s')`, first.Reports, to),
-				} {
-					if _, err := tx.Exec(ctx, q); err != nil {
-						return fmt.Errorf("end the first usage log partition at %s: %w", month.UTC().Format("2006-01"), err)
-					}
-				}
-				fitted = true
+			fitted, err = pgpartition.EndEmptyFirst(ctx, tx, []pgpartition.Table{
+				{Parent: "usage_logs", Name: first.Name}, {Parent: "usage_reports", Name: first.Reports}}, IDFloor(month).String())
+			if err != nil {
+				return err
 			}
 		}
 		created, err = ensureMonths(ctx, tx)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 )
@@ -81,9 +82,7 @@ func TestBillingWritesArePlannedOnTheirIdsPartitionsOnly(t *testing.T) {
 
 // plannedPartitions is the usage_logs partitions the plan of sql with
 // args updates, sorted, planned as the report store plans (planSettingsSQL).
-func plannedPartitions(t *testing.T, pool interface {
-	Begin(context.Context) (pgx.Tx, error)
-}, sql string, args []any) []string {
+func plannedPartitions(t *testing.T, pool *pgxpool.Pool, sql string, args []any) []string {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)

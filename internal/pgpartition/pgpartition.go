@@ -7,6 +7,7 @@ package pgpartition
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,4 +106,49 @@ func Lock(ctx context.Context, tx pgx.Tx, key int64, what string) error {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}
 	return nil
+}
+
+// Table is a partition Name of the partitioned table Parent.
+type Table struct {
+	Parent, Name string
+}
+
+// EndEmptyFirst ends the first partitions firsts (each FROM (MINVALUE)) at
+// bound, a partition key literal, when none of them holds a row, and says
+// whether it did. They are locked ACCESS EXCLUSIVE before they are looked
+// at (tx holds Lock, so the wait is bounded): a write routed to them waits,
+// and after the commit goes where the new bounds send it. Partitions that
+// hold a row are left as they are. Given in order of dependence (a table
+// whose rows others reference first), they are detached in reverse and
+// attached again in order.
+func EndEmptyFirst(ctx context.Context, tx pgx.Tx, firsts []Table, bound string) (bool, error) {
+	names := make([]string, len(firsts))
+	holds := make([]string, len(firsts))
+	for i, f := range firsts {
+		names[i] = f.Name
+		holds[i] = fmt.Sprintf(`EXISTS (SELECT FROM %s)`, f.Name)
+	}
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`LOCK TABLE %s IN ACCESS EXCLUSIVE MODE`, strings.Join(names, ", "))); err != nil {
+		return false, fmt.Errorf("lock the first partitions %v: %w", names, err)
+	}
+	var held bool
+	if err := tx.QueryRow(ctx, `SELECT `+strings.Join(holds, " OR ")).Scan(&held); err != nil {
+		return false, fmt.Errorf("read whether the first partitions %v hold rows: %w", names, err)
+	}
+	if held {
+		return false, nil
+	}
+	var qs []string
+	for i := len(firsts) - 1; i >= 0; i-- {
+		qs = append(qs, fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, firsts[i].Parent, firsts[i].Name))
+	}
+	for _, f := range firsts {
+		qs = append(qs, fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (MINVALUE) TO ('%s')`, f.Parent, f.Name, bound))
+	}
+	for _, q := range qs {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			return false, fmt.Errorf("end the first partitions %v at %s: %w", names, bound, err)
+		}
+	}
+	return true, nil
 }
