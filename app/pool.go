@@ -38,10 +38,19 @@ const (
 	// ServeMaxConns is every connection one `serve` may open.
 	ServeMaxConns = ServeAPIMaxConns + ServeAdminMaxConns + ServeMetricsMaxConns + BatchDelayConns
 	// WorkPoolMaxConns is the pool of the workers' own statements in one
-	// `work`: report jobs, the sweep, partition maintenance, webhooks and
-	// alerts. Billing's 200 report workers may hold all of it; River's
-	// statements are not in it.
-	WorkPoolMaxConns = 20
+	// `work`: report jobs, webhooks and alerts. Billing's 200 report
+	// workers may hold all of it; River's statements and the maintenance
+	// queue's are not in it.
+	WorkPoolMaxConns = 18
+	// MaintenancePoolMaxConns is the pool of the maintenance queue's jobs
+	// in one `work` (workers.Config.MaintenancePool): the sweep, the
+	// partitions kept ahead and dropped, retention, idle streams. Its
+	// queue runs two at a time. Apart from WorkPoolMaxConns, billing
+	// holding every connection of that pool cannot delay the partitions
+	// ingest needs ahead; and its backends carry their own
+	// application_name (MaintenanceAppName), so an operator, and
+	// bench/expiry, can tell what maintenance costs the database.
+	MaintenancePoolMaxConns = 2
 	// RiverPoolMaxConns is the pool of River's own statements in one
 	// `work` (workers.Config.RiverPool): each queue's producer fetches one
 	// batch of jobs at a time and polls its settings, the completer marks
@@ -62,20 +71,37 @@ const (
 	// process's life.
 	RiverListenerConns = 1
 	// WorkMaxConns is every connection one `work` may open.
-	WorkMaxConns = WorkPoolMaxConns + RiverPoolMaxConns + RiverListenerConns + BatchDelayConns
+	WorkMaxConns = WorkPoolMaxConns + MaintenancePoolMaxConns + RiverPoolMaxConns + RiverListenerConns + BatchDelayConns
 	// ToolMaxConns is the pool of a CLI command.
 	ToolMaxConns = 4
+)
+
+// The application_name of each pool of `work`, as pg_stat_activity shows
+// its backends: what each costs the database can be read apart.
+const (
+	WorkAppName        = "overage-work"
+	MaintenanceAppName = "overage-maintenance"
+	RiverAppName       = "overage-river"
 )
 
 // OpenPool connects to PostgreSQL with at most maxConns connections. Sizes
 // and timeouts given in the URL (pool_max_conns, connect_timeout) win.
 func OpenPool(ctx context.Context, databaseURL string, maxConns int32) (*pgxpool.Pool, error) {
+	return OpenPoolAs(ctx, databaseURL, maxConns, "")
+}
+
+// OpenPoolAs is OpenPool whose connections carry appName as their
+// application_name, unless DATABASE_URL or PGAPPNAME names one.
+func OpenPoolAs(ctx context.Context, databaseURL string, maxConns int32, appName string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", RedactParseError(err))
 	}
 	if !strings.Contains(databaseURL, "pool_max_conns") {
 		pc.MaxConns = maxConns
+	}
+	if _, named := pc.ConnConfig.RuntimeParams["application_name"]; !named && appName != "" {
+		pc.ConnConfig.RuntimeParams["application_name"] = appName
 	}
 	if pc.ConnConfig.ConnectTimeout == 0 {
 		pc.ConnConfig.ConnectTimeout = 5 * time.Second

@@ -18,9 +18,9 @@ import (
 func TestDefaultPoolsFitTheDefaultServer(t *testing.T) {
 	t.Parallel()
 	const operatorRoom = 1 + app.ToolMaxConns
-	// A work's pools: the workers', River's and River's listener, which
+	// A work's pools: the workers', maintenance's, River's and River's listener, which
 	// River hijacks out of its pool, and the REPORT_BATCH_DELAY claim.
-	if app.WorkMaxConns != app.WorkPoolMaxConns+app.RiverPoolMaxConns+app.RiverListenerConns+app.BatchDelayConns {
+	if app.WorkMaxConns != app.WorkPoolMaxConns+app.MaintenancePoolMaxConns+app.RiverPoolMaxConns+app.RiverListenerConns+app.BatchDelayConns {
 		t.Fatalf("WorkMaxConns %d leaves out a connection of work's", app.WorkMaxConns)
 	}
 	b := app.ConnectionBudget{MaxConnections: 100, Reserved: 3, Pools: 2*app.ServeMaxConns + 2*app.WorkMaxConns + app.ToolMaxConns}

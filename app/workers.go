@@ -49,9 +49,10 @@ func ServeWorkHealth(ctx context.Context, addr string, pool *pgxpool.Pool, reg *
 type Worker struct {
 	// Pool is the pool of the workers' own statements.
 	Pool *pgxpool.Pool
-	// RiverPool is River's (workers.Config.RiverPool); nil when River runs
-	// on Pool (NewWorkerOn).
-	RiverPool *pgxpool.Pool
+	// RiverPool is River's (workers.Config.RiverPool) and MaintenancePool
+	// the maintenance queue's (workers.Config.MaintenancePool); nil when
+	// they run on Pool (NewWorkerOn).
+	RiverPool, MaintenancePool *pgxpool.Pool
 	// Workers are the River workers and periodic jobs.
 	Workers *workers.Workers
 	// Registry is the one the health listener's /metrics serves.
@@ -64,15 +65,17 @@ type Worker struct {
 // NewWorker connects, checks the schema is migrated (CheckSchema), claims
 // its REPORT_BATCH_DELAY (logging an error when a live serve or work runs
 // with another), listens on WORK_LISTEN_ADDR if set and wires the
-// workers. It needs STRIPE_SECRET_KEY. It opens two pools: the workers'
-// (WorkPoolMaxConns) and River's own (RiverPoolMaxConns), so that billing
-// holding every connection of the first cannot stop River fetching,
-// completing and electing the leader that enqueues the periodic jobs.
+// workers. It needs STRIPE_SECRET_KEY. It opens three pools: the workers'
+// (WorkPoolMaxConns), the maintenance queue's (MaintenancePoolMaxConns)
+// and River's own (RiverPoolMaxConns), so that billing holding every
+// connection of the first can neither stop River fetching, completing
+// and electing the leader that enqueues the periodic jobs, nor delay
+// those jobs once fetched (the partitions ingest needs ahead among them).
 func NewWorker(ctx context.Context, cfg *WorkConfig, logger *slog.Logger) (_ *Worker, err error) {
 	if cfg.Stripe.SecretKey == "" {
 		return nil, errors.New("STRIPE_SECRET_KEY is required by overage work (use sk_test_... with STRIPE_API_BASE pointing at an emulator or stripe-mock to try it out)")
 	}
-	pool, err := OpenPool(ctx, cfg.DB.URL, WorkPoolMaxConns)
+	pool, err := OpenPoolAs(ctx, cfg.DB.URL, WorkPoolMaxConns, WorkAppName)
 	if err != nil {
 		return nil, err
 	}
@@ -85,17 +88,21 @@ func NewWorker(ctx context.Context, cfg *WorkConfig, logger *slog.Logger) (_ *Wo
 	if err := CheckSchema(ctx, pool); err != nil {
 		return nil, err
 	}
-	if w.RiverPool, err = OpenPool(ctx, cfg.DB.URL, RiverPoolMaxConns); err != nil {
+	if w.RiverPool, err = OpenPoolAs(ctx, cfg.DB.URL, RiverPoolMaxConns, RiverAppName); err != nil {
+		return nil, err
+	}
+	if w.MaintenancePool, err = OpenPoolAs(ctx, cfg.DB.URL, MaintenancePoolMaxConns, MaintenanceAppName); err != nil {
 		return nil, err
 	}
 	// River's listener is hijacked out of its pool: one more than its size.
-	WarnConnectionBudget(ctx, pool, int(pool.Config().MaxConns)+int(w.RiverPool.Config().MaxConns)+RiverListenerConns+BatchDelayConns, logger)
+	WarnConnectionBudget(ctx, pool, int(pool.Config().MaxConns)+int(w.MaintenancePool.Config().MaxConns)+
+		int(w.RiverPool.Config().MaxConns)+RiverListenerConns+BatchDelayConns, logger)
 	WarnServerSettings(ctx, pool, logger)
 	if w.claim, err = CheckBatchDelay(ctx, cfg.DB.URL, "work", cfg.Report.BatchDelay, logger); err != nil {
 		return nil, err
 	}
 	w.Registry = NewRegistry(pool, logger)
-	if w.Workers, err = NewWorkers(pool, w.RiverPool, cfg, logger, w.Registry); err != nil {
+	if w.Workers, err = NewWorkers(Pools{Work: pool, Maintenance: w.MaintenancePool, River: w.RiverPool}, cfg, logger, w.Registry); err != nil {
 		return nil, err
 	}
 	if cfg.ListenAddr != "" {
@@ -109,7 +116,7 @@ func NewWorker(ctx context.Context, cfg *WorkConfig, logger *slog.Logger) (_ *Wo
 // NewWorkerOn wires the workers, and River, on a pool the caller owns,
 // their Stripe calls counted in reg (`overage dev` gives its server's).
 func NewWorkerOn(pool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg *prometheus.Registry) (*Worker, error) {
-	ws, err := NewWorkers(pool, nil, cfg, logger, reg)
+	ws, err := NewWorkers(Pools{Work: pool}, cfg, logger, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -131,15 +138,24 @@ func (w *Worker) Close() {
 	if w.RiverPool != nil {
 		w.RiverPool.Close()
 	}
+	if w.MaintenancePool != nil {
+		w.MaintenancePool.Close()
+	}
 	if w.ownsPool {
 		w.Pool.Close()
 	}
 }
 
-// NewWorkers builds the Stripe client and the River workers on pool,
-// River's own statements on riverPool (nil: on pool too); the Stripe calls
-// are counted in reg.
-func NewWorkers(pool, riverPool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Logger, reg prometheus.Registerer) (*workers.Workers, error) {
+// Pools are the pools the workers run on: Work for the workers'
+// statements, Maintenance for the maintenance queue's and River for
+// River's own (either nil: on Work too).
+type Pools struct {
+	Work, Maintenance, River *pgxpool.Pool
+}
+
+// NewWorkers builds the Stripe client and the River workers on pools; the
+// Stripe calls are counted in reg.
+func NewWorkers(pools Pools, cfg *WorkConfig, logger *slog.Logger, reg prometheus.Registerer) (*workers.Workers, error) {
 	sc, err := stripeclient.New(stripeclient.Config{
 		SecretKey: cfg.Stripe.SecretKey,
 		APIBase:   cfg.Stripe.APIBase,
@@ -151,8 +167,8 @@ func NewWorkers(pool, riverPool *pgxpool.Pool, cfg *WorkConfig, logger *slog.Log
 	}
 	wc := WorkersConfig(cfg, logger, metrics.InstrumentSender(sc, reg))
 	wc.Alerts.Metrics = alerts.NewMetrics(reg)
-	wc.RiverPool = riverPool
-	w, err := workers.New(pool, wc)
+	wc.RiverPool, wc.MaintenancePool = pools.River, pools.Maintenance
+	w, err := workers.New(pools.Work, wc)
 	if err != nil {
 		return nil, fmt.Errorf("workers: %w", err)
 	}

@@ -69,7 +69,7 @@ func newHarness(t *testing.T, pool *pgxpool.Pool) *harness {
 func (h *harness) startProcessor(t *testing.T) func() {
 	t.Helper()
 	ws := river.NewWorkers()
-	if err := workers.AddWebhookWorkers(ws, h.pool, nil); err != nil {
+	if err := workers.AddWebhookWorkers(ws, h.pool, h.pool, nil); err != nil {
 		t.Fatal(err)
 	}
 	c, err := river.NewClient(riverpgxv5.New(h.pool), &river.Config{
@@ -623,7 +623,7 @@ func TestPeriodicRetentionJobRunsUnderRiver(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws := river.NewWorkers()
-	if err := workers.AddWebhookWorkers(ws, h.pool, nil); err != nil {
+	if err := workers.AddWebhookWorkers(ws, h.pool, h.pool, nil); err != nil {
 		t.Fatal(err)
 	}
 	c, err := river.NewClient(riverpgxv5.New(h.pool), &river.Config{

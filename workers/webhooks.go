@@ -12,14 +12,14 @@ import (
 	"github.com/overage-billing/overage/webhooks"
 )
 
-// AddWebhookWorkers registers the webhooks package's processor and reaper
-// on ws. Every River worker of `overage work` is registered here, in
-// workers; webhooks only does their work.
-func AddWebhookWorkers(ws *river.Workers, pool *pgxpool.Pool, logger *slog.Logger) error {
+// AddWebhookWorkers registers the webhooks package's processor, on pool,
+// and reaper, a maintenance job, on maint. Every River worker of `overage
+// work` is registered here, in workers; webhooks only does their work.
+func AddWebhookWorkers(ws *river.Workers, pool, maint *pgxpool.Pool, logger *slog.Logger) error {
 	if err := river.AddWorkerSafely(ws, webhooks.NewProcessor(pool, logger)); err != nil {
 		return fmt.Errorf("add webhook processor: %w", err)
 	}
-	if err := river.AddWorkerSafely(ws, webhooks.NewReaper(pool, logger)); err != nil {
+	if err := river.AddWorkerSafely(ws, webhooks.NewReaper(maint, logger)); err != nil {
 		return fmt.Errorf("add webhook reaper: %w", err)
 	}
 	return nil

@@ -36,6 +36,13 @@ type Config struct {
 	// no connection of its own and completes it after). nil: River runs
 	// on the workers' pool (tests, `overage dev`).
 	RiverPool *pgxpool.Pool
+	// MaintenancePool is the pool of the maintenance queue's jobs (the
+	// sweep, the partitions of keys, logs and webhook events, retention,
+	// idle streams): apart from the workers' pool, billing holding all of
+	// that one cannot delay the partitions ingest needs ahead, and what
+	// maintenance costs the database shows by its backends. nil: they run
+	// on the workers' pool.
+	MaintenancePool *pgxpool.Pool
 	// Stripe sends meter events; required.
 	Stripe stripeclient.Sender
 	// MeterInputEvent and MeterOutputEvent are the meter event names.
@@ -105,15 +112,19 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	cfg = cfg.withDefaults()
 	guard := usagelog.GuardFor(cfg.IdempotencyWindow)
 	store := usagelog.New(pool)
+	maint := cfg.MaintenancePool
+	if maint == nil {
+		maint = pool
+	}
 
 	ws := river.NewWorkers()
-	if err := river.AddWorkerSafely(ws, &IdempotencyReaper{pool: pool, logger: cfg.Logger}); err != nil {
+	if err := river.AddWorkerSafely(ws, &IdempotencyReaper{pool: maint, logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("add idempotency reaper: %w", err)
 	}
-	if err := river.AddWorkerSafely(ws, &UsageLogPartitioner{pool: pool, logger: cfg.Logger}); err != nil {
+	if err := river.AddWorkerSafely(ws, &UsageLogPartitioner{pool: maint, logger: cfg.Logger}); err != nil {
 		return nil, fmt.Errorf("add usage log partitioner: %w", err)
 	}
-	if err := river.AddWorkerSafely(ws, &UsageLogRetention{pool: pool, logger: cfg.Logger,
+	if err := river.AddWorkerSafely(ws, &UsageLogRetention{pool: maint, logger: cfg.Logger,
 		cfg: retention.Config{Retention: cfg.Retention, CloseGrace: cfg.PeriodCloseGrace, Logger: cfg.Logger}}); err != nil {
 		return nil, fmt.Errorf("add usage log retention: %w", err)
 	}
@@ -126,16 +137,16 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("add report worker: %w", err)
 	}
-	if err := river.AddWorkerSafely(ws, newSweeper(pool, cfg)); err != nil {
+	if err := river.AddWorkerSafely(ws, newSweeper(maint, cfg)); err != nil {
 		return nil, fmt.Errorf("add sweeper: %w", err)
 	}
-	if err := AddWebhookWorkers(ws, pool, cfg.Logger); err != nil {
+	if err := AddWebhookWorkers(ws, pool, maint, cfg.Logger); err != nil {
 		return nil, fmt.Errorf("add webhook workers: %w", err)
 	}
 	if err := river.AddWorkerSafely(ws, alerts.NewDeliverer(pool, cfg.Alerts)); err != nil {
 		return nil, fmt.Errorf("add alert deliverer: %w", err)
 	}
-	streamCloser, err := addStreamCloser(ws, pool, cfg)
+	streamCloser, err := addStreamCloser(ws, maint, cfg)
 	if err != nil {
 		return nil, err
 	}

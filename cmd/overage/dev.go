@@ -65,7 +65,7 @@ func cmdDev(ctx context.Context, e env, args []string) error {
 		return err
 	}
 	defer stopDB()
-	pool, err := app.OpenPool(ctx, dbURL, app.WorkPoolMaxConns)
+	pool, err := app.OpenPool(ctx, dbURL, app.WorkPoolMaxConns+app.MaintenancePoolMaxConns)
 	if err != nil {
 		return err
 	}

@@ -253,7 +253,13 @@ func MachineCPU() (busy, total uint64) {
 // share of a benchmark when it runs on the same machine (read from /proc,
 // so only there; empty elsewhere).
 func BackendCPU(ctx context.Context, pool *pgxpool.Pool) (map[int]time.Duration, error) {
-	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+	return BackendCPUOf(ctx, pool, "")
+}
+
+// BackendCPUOf is BackendCPU of the backends whose application_name is
+// appName ("": every backend).
+func BackendCPUOf(ctx context.Context, pool *pgxpool.Pool, appName string) (map[int]time.Duration, error) {
+	rows, err := pool.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND ($1 = '' OR application_name = $1)", appName)
 	if err != nil {
 		return nil, fmt.Errorf("list backends: %w", err)
 	}
