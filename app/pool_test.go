@@ -110,3 +110,22 @@ func TestReadServerSettings(t *testing.T) {
 		t.Fatalf("warned %v with problems %q: %s", warned, s.Problems(), logs.String())
 	}
 }
+
+// A pool of work names its backends, unless DATABASE_URL names them.
+func TestOpenPoolAsNamesItsBackendsUnlessTheURLDoes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct{ url, want string }{
+		{"postgres://u@127.0.0.1:1/db", app.MaintenanceAppName},
+		{"postgres://u@127.0.0.1:1/db?application_name=billing-2", "billing-2"},
+	} {
+		p, err := app.OpenPoolAs(ctx, tc.url, 1, app.MaintenanceAppName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Config().ConnConfig.RuntimeParams["application_name"]; got != tc.want {
+			t.Errorf("%s: application_name %q, want %q", tc.url, got, tc.want)
+		}
+		p.Close()
+	}
+}
