@@ -111,7 +111,19 @@ func newFixture(t *testing.T, opts emulator.Options, before ...func(*pgxpool.Poo
 		f.record(t, "cus_capped", y.Add(time.Hour), 300, 5), // input within the allowance
 		f.record(t, "cus_capped", y.Add(2*time.Hour), 300, 5),
 	}
-	f.record(t, "cus_free", y.Add(time.Hour), 10, 10) // not billable: never sent, never counted
+	// Not billable on the default meters, within its allowance: never
+	// sent, never counted. A meter made by before may have no allowance
+	// (allowances are per meter), and then the log is billable: the
+	// workers must bill it before they stop too, or a report of it may be
+	// accepted by Stripe and stopped before its log is marked billed.
+	free := f.record(t, "cus_free", y.Add(time.Hour), 10, 10)
+	var status overage.BillingStatus
+	if err := pool.QueryRow(ctx, "SELECT billing_status FROM usage_logs WHERE id = $1", free).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != overage.BillingStatusNotBillable {
+		ids = append(ids, free)
+	}
 
 	f.runWorkersGrace(t, fixtureGrace, ids)
 	return f
@@ -568,7 +580,9 @@ func TestMetersAreReconciledByTheirEventNames(t *testing.T) {
 			t.Errorf("a row on the default output meter, which took nothing: %+v", r)
 		}
 	}
-	for cus, want := range map[string]int64{"cus_a": 10, "cus_b": 20, "cus_capped": 10} {
+	// cus_free's output allowance is the default output meter's; m_output
+	// has none, so its 10 output tokens are billed there.
+	for cus, want := range map[string]int64{"cus_a": 10, "cus_b": 20, "cus_capped": 10, "cus_free": 10} {
 		r := got[cus+"|m_output_tokens|"+y]
 		if r.Status != reconcile.StatusMatch || r.Database != want || r.Stripe != want {
 			t.Errorf("%s m_output_tokens %s: %+v, want a match of %d", cus, y, r, want)
