@@ -441,7 +441,7 @@ func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
 	// A run that formed the reports made progress: with RoundTries 1 it
 	// ends on the lost answers and its follow-up runs after a backoff step,
 	// by when every call fails, so the follow-up is discarded.
-	b.Start(t, workers.Config{MaxAttempts: 1, RoundTries: 1, IdempotencyWindow: 12 * time.Second, SweepInterval: 300 * time.Millisecond, SweepGrace: time.Hour})
+	stop := b.Start(t, workers.Config{MaxAttempts: 1, RoundTries: 1, IdempotencyWindow: 12 * time.Second, SweepInterval: 300 * time.Millisecond, SweepGrace: time.Hour})
 	polltest.Until(t, "the two lost answers", 20*time.Second, func() bool {
 		n := 0
 		for _, r := range b.Emu.Requests() {
@@ -478,6 +478,13 @@ func TestResendInsideTheWindowIsRefusedAndForcedCannotDoubleBill(t *testing.T) {
 		t.Fatalf("a refused resend changed something: log %+v, %d requests, audit %+v", l, len(b.Emu.Requests())-sent, b.audit(t, id))
 	}
 
+	// The forced resend is worked by workers with River's default retries
+	// and Stripe's real window: with one attempt, a transient failure of
+	// the one send (the suite loading the machine) left the log pending
+	// past the wait, and with the 12 s window a slow send was parked again.
+	// The assertion is unchanged: Stripe answers the resend by replay.
+	stop()
+	b.Start(t, workers.Config{IdempotencyWindow: 24 * time.Hour, SweepGrace: time.Hour})
 	res, err := b.resolver.Resolve(ctx, review.ResolveParams{UsageLogID: id, Action: review.ActionResend, Reason: "no answer from Stripe", Actor: "dave", Force: true, IdempotencyWindow: 24 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
