@@ -161,6 +161,10 @@ func run(p params) (bool, error) {
 		defer t.Stop()
 		for {
 			s, rows, err := read(sctx, pool)
+			var snap map[int]time.Duration
+			if err == nil {
+				snap, err = benchkit.BackendCPUOf(sctx, pool, app.MaintenanceAppName)
+			}
 			if sctx.Err() != nil {
 				sampled <- nil
 				return
@@ -170,15 +174,6 @@ func run(p params) (bool, error) {
 				return
 			}
 			s.at = time.Since(start)
-			snap, err := benchkit.BackendCPUOf(sctx, pool, app.MaintenanceAppName)
-			if sctx.Err() != nil {
-				sampled <- nil
-				return
-			}
-			if err != nil {
-				sampled <- err
-				return
-			}
 			smu.Lock()
 			cpuSnaps = append(cpuSnaps, snap)
 			samples = append(samples, s)
