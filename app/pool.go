@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/overage-billing/overage/workers"
 )
 
 // Default pool sizes, a connection budget: two `serve` and two `work`
@@ -44,13 +46,14 @@ const (
 	WorkPoolMaxConns = 18
 	// MaintenancePoolMaxConns is the pool of the maintenance queue's jobs
 	// in one `work` (workers.Config.MaintenancePool): the sweep, the
-	// partitions kept ahead and dropped, retention, idle streams. Its
-	// queue runs two at a time. Apart from WorkPoolMaxConns, billing
+	// partitions kept ahead and dropped, retention, idle streams: one
+	// connection for each job its queue runs at once. Apart from
+	// WorkPoolMaxConns, billing
 	// holding every connection of that pool cannot delay the partitions
 	// ingest needs ahead; and its backends carry their own
 	// application_name (MaintenanceAppName), so an operator, and
 	// bench/expiry, can tell what maintenance costs the database.
-	MaintenancePoolMaxConns = 2
+	MaintenancePoolMaxConns = workers.MaintenanceWorkers
 	// RiverPoolMaxConns is the pool of River's own statements in one
 	// `work` (workers.Config.RiverPool): each queue's producer fetches one
 	// batch of jobs at a time and polls its settings, the completer marks

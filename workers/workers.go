@@ -171,7 +171,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Workers, error) {
 		RescueStuckJobsAfter: 2 * cfg.JobTimeout,
 		Queues: map[string]river.QueueConfig{
 			outbox.QueueReport:      {MaxWorkers: cfg.ReportWorkers},
-			outbox.QueueMaintenance: {MaxWorkers: 2},
+			outbox.QueueMaintenance: {MaxWorkers: MaintenanceWorkers},
 			outbox.QueueWebhooks:    WebhooksQueue(),
 			// Its own queue and bounded workers: an endpoint that hangs
 			// (each attempt cut at its timeout, at most PerTenant of a
@@ -240,6 +240,10 @@ const (
 	DefaultReportWorkers = 200
 	DefaultBatchMax      = 10000
 )
+
+// MaintenanceWorkers is how many maintenance queue jobs run at once in one
+// `work`; its pool (Config.MaintenancePool) needs as many connections.
+const MaintenanceWorkers = 2
 
 func (cfg Config) withDefaults() Config {
 	if cfg.Logger == nil {
