@@ -555,11 +555,11 @@ func TestUsageEqualsTheSumOfTheLogs(t *testing.T) {
 	for _, period := range []time.Time{month, month.AddDate(0, -1, 0)} {
 		var want [2]alerts.MeterUsage
 		if err := w.pool.QueryRow(ctx, `SELECT coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),
-				coalesce(sum(overage_input_tokens), 0), coalesce(sum(overage_output_tokens), 0),
-				coalesce(sum(overage_input_tokens) FILTER (WHERE billing_status = 'billed'), 0),
-				coalesce(sum(overage_output_tokens) FILTER (WHERE billing_status = 'billed'), 0),
-				coalesce(sum(overage_input_tokens) FILTER (WHERE billing_status = 'pending'), 0),
-				coalesce(sum(overage_output_tokens) FILTER (WHERE billing_status = 'pending'), 0)
+				coalesce(sum(coalesce(overage_input_tokens, input_tokens)), 0), coalesce(sum(coalesce(overage_output_tokens, output_tokens)), 0),
+				coalesce(sum(coalesce(overage_input_tokens, input_tokens)) FILTER (WHERE billing_status = 'billed'), 0),
+				coalesce(sum(coalesce(overage_output_tokens, output_tokens)) FILTER (WHERE billing_status = 'billed'), 0),
+				coalesce(sum(coalesce(overage_input_tokens, input_tokens)) FILTER (WHERE billing_status = 'pending'), 0),
+				coalesce(sum(coalesce(overage_output_tokens, output_tokens)) FILTER (WHERE billing_status = 'pending'), 0)
 			FROM usage_logs WHERE tenant_id = $1 AND period_start = $2`, w.tenant, period).Scan(
 			&want[0].Used, &want[1].Used, &want[0].Overage, &want[1].Overage, &want[0].Billed, &want[1].Billed, &want[0].Pending, &want[1].Pending); err != nil {
 			t.Fatal(err)

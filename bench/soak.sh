@@ -139,11 +139,13 @@ echo "seeding $VOL_DB: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/load
 fresh $VOL_DB
 # Billed logs of last month spread over the 100 tenants, and one day of the
 # single-event tenant's keys, the counters kept by their trigger.
+# Their overage equals their tokens, so it is stored NULL, as ingest stores
+# it (migrations/0069).
 psql -q "$VOL_URL" -v seed_at="($VOLUME_SEED_AT)" <<SQL
 INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
     period_start, overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at, updated_at)
 SELECT (lpad(to_hex(floor(extract(epoch FROM :seed_at) * 1000)::bigint), 12, '0') || '7' || lpad(to_hex(g % 4096), 3, '0') || '8' || lpad(to_hex(g), 15, '0'))::uuid, ('00000000-0000-0000-0000-' || lpad((g % 100 + 1)::text, 12, '0'))::uuid, 'seed-' || g,
-    :seed_at, 'u', 'm', 100, 20, date_trunc('month', :seed_at, 'UTC'), 100, 20,
+    :seed_at, 'u', 'm', 100, 20, date_trunc('month', :seed_at, 'UTC'), NULL, NULL,
     'billed', now(), :seed_at, :seed_at
 FROM generate_series(1, $VOLUME_LOGS) g;
 INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)

@@ -239,7 +239,7 @@ func TestRecordBatchRegroupedUnderANewKeyBillsNothingTwice(t *testing.T) {
 		t.Fatalf("%d usage logs, want 4 (a, b, c, d once each)", n)
 	}
 	var billed int64
-	if err := b.srv.Pool.QueryRow(context.Background(), "SELECT sum(overage_input_tokens) FROM usage_logs").Scan(&billed); err != nil {
+	if err := b.srv.Pool.QueryRow(context.Background(), "SELECT sum(coalesce(overage_input_tokens, input_tokens)) FROM usage_logs").Scan(&billed); err != nil {
 		t.Fatal(err)
 	}
 	if billed != 100+101+102+100 {

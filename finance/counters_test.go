@@ -344,6 +344,10 @@ func TestMigrationBackfillsExistingLogsAndBlocksWritesMeanwhile(t *testing.T) {
 	exec(t, e.Pool, `DROP FUNCTION billing_counters_truncate, billing_counters_insert_rows,
 		billing_counters_update_rows, billing_counters_delete_rows CASCADE`)
 	exec(t, e.Pool, `DROP TABLE billing_counters`)
+	// And before 0069: every overage stored, none NULL, as 0002's backfill
+	// and triggers read them (ingest reads this at its first write).
+	exec(t, e.Pool, `ALTER TABLE usage_logs ALTER COLUMN overage_input_tokens SET NOT NULL,
+		ALTER COLUMN overage_output_tokens SET NOT NULL`)
 	a := record(t, e.Server, alice, 10, 10)
 	record(t, e.Server, alice, 20, 0)
 	bill(t, e.Pool, a)
@@ -560,7 +564,7 @@ func TestMultiRowStatementsKeepCountersExact(t *testing.T) {
 		if _, err := tx.Exec(ctx, `SELECT set_config('overage.slot', '7', true)`); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM usage_logs WHERE billing_status <> 'pending' AND overage_input_tokens < 2`); err != nil {
+		if _, err := tx.Exec(ctx, `DELETE FROM usage_logs WHERE billing_status <> 'pending' AND coalesce(overage_input_tokens, input_tokens) < 2`); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE usage_logs SET billing_status = 'billed' WHERE billing_status = 'pending'`)

@@ -131,10 +131,10 @@ func oracle(t testing.TB, db *pgxpool.Pool) *finance.Statement {
 			count(u.id) FILTER (WHERE u.billing_status = 'not_billable'),
 			count(u.id) FILTER (WHERE u.billing_status = 'needs_review'),
 			count(u.id) FILTER (WHERE u.billing_status = 'failed'),
-			coalesce(sum(u.overage_input_tokens), 0)::bigint,
-			coalesce(sum(u.overage_output_tokens), 0)::bigint,
-			coalesce(sum(u.overage_input_tokens) FILTER (WHERE u.billing_status = 'billed'), 0)::bigint,
-			coalesce(sum(u.overage_output_tokens) FILTER (WHERE u.billing_status = 'billed'), 0)::bigint,
+			coalesce(sum(coalesce(u.overage_input_tokens, u.input_tokens)), 0)::bigint,
+			coalesce(sum(coalesce(u.overage_output_tokens, u.output_tokens)), 0)::bigint,
+			coalesce(sum(coalesce(u.overage_input_tokens, u.input_tokens)) FILTER (WHERE u.billing_status = 'billed'), 0)::bigint,
+			coalesce(sum(coalesce(u.overage_output_tokens, u.output_tokens)) FILTER (WHERE u.billing_status = 'billed'), 0)::bigint,
 			min(u.created_at) FILTER (WHERE u.billing_status = 'pending')
 		FROM tenants t LEFT JOIN usage_logs u ON u.tenant_id = t.id
 		GROUP BY t.id ORDER BY t.name, t.id`)
@@ -208,9 +208,9 @@ func requireExact(t testing.TB, db *pgxpool.Pool) *finance.Statement {
 		)
 		SELECT count(*) FROM (
 			(SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM b WHERE usage_logs <> 0
-			 EXCEPT SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens) FROM usage_logs GROUP BY 1, 2)
+			 EXCEPT SELECT tenant_id, billing_status, count(*), sum(coalesce(overage_input_tokens, input_tokens)), sum(coalesce(overage_output_tokens, output_tokens)) FROM usage_logs GROUP BY 1, 2)
 			UNION ALL
-			(SELECT tenant_id, billing_status, count(*), sum(overage_input_tokens), sum(overage_output_tokens) FROM usage_logs GROUP BY 1, 2
+			(SELECT tenant_id, billing_status, count(*), sum(coalesce(overage_input_tokens, input_tokens)), sum(coalesce(overage_output_tokens, output_tokens)) FROM usage_logs GROUP BY 1, 2
 			 EXCEPT SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM b)
 			UNION ALL
 			(SELECT tenant_id, billing_status, usage_logs, overage_input_tokens, overage_output_tokens FROM b

@@ -220,7 +220,7 @@ func (b *bundle) requireExactTotals(t *testing.T, tenant string, wantIn, wantOut
 	t.Helper()
 	var in, out, tokIn, tokOut, allowIn, allowOut int64
 	if err := b.pool.QueryRow(context.Background(), `
-		SELECT coalesce(sum(overage_input_tokens), 0), coalesce(sum(overage_output_tokens), 0),
+		SELECT coalesce(sum(coalesce(overage_input_tokens, input_tokens)), 0), coalesce(sum(coalesce(overage_output_tokens, output_tokens)), 0),
 			coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0),
 			(SELECT coalesce(sum(input_tokens), 0) FROM allowance_usage WHERE tenant_id = $1),
 			(SELECT coalesce(sum(output_tokens), 0) FROM allowance_usage WHERE tenant_id = $1)
@@ -266,10 +266,10 @@ func TestConcurrentBatchesCrossingTheAllowanceSplitExactly(t *testing.T) {
 	}
 	wg.Wait()
 	b.requireExactTotals(t, b.capped.ID.String(), 3000-1000, 1000-500)
-	if s := b.count(t, "SELECT count(*) FROM usage_logs WHERE overage_input_tokens BETWEEN 1 AND 29"); s > 1 {
+	if s := b.count(t, "SELECT count(*) FROM usage_logs WHERE coalesce(overage_input_tokens, input_tokens) BETWEEN 1 AND 29"); s > 1 {
 		t.Fatalf("%d events straddle the input allowance, want at most 1", s)
 	}
-	if s := b.count(t, "SELECT count(*) FROM usage_logs WHERE overage_output_tokens BETWEEN 1 AND 9"); s > 1 {
+	if s := b.count(t, "SELECT count(*) FROM usage_logs WHERE coalesce(overage_output_tokens, output_tokens) BETWEEN 1 AND 9"); s > 1 {
 		t.Fatalf("%d events straddle the output allowance, want at most 1", s)
 	}
 }
@@ -300,7 +300,7 @@ func TestConcurrentEventsWithoutAllowanceLeftNeedNoOrderYetStayExact(t *testing.
 	const n = 40
 	b.concurrently(t, b.alice.APIKey, "a", n)
 	b.requireExactTotals(t, b.alice.ID.String(), n*130, n*40)
-	if c := b.count(t, "SELECT count(*) FROM usage_logs WHERE tenant_id = $1 AND (overage_input_tokens <> 130 OR overage_output_tokens <> 40)", b.alice.ID); c != 0 {
+	if c := b.count(t, "SELECT count(*) FROM usage_logs WHERE tenant_id = $1 AND (coalesce(overage_input_tokens, input_tokens) <> 130 OR coalesce(overage_output_tokens, output_tokens) <> 40)", b.alice.ID); c != 0 {
 		t.Fatalf("%d events of a tenant without allowance are not all overage", c)
 	}
 	if c := b.count(t, "SELECT count(*) FROM allowance_usage WHERE tenant_id = $1 AND slot = 0", b.alice.ID); c != 0 {

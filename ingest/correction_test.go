@@ -190,7 +190,7 @@ func TestConcurrentCorrectionsOfOneLogApplyOnce(t *testing.T) {
 		t.Fatalf("%d corrections accepted, want 1 (statuses %v)", accepted, statuses)
 	}
 	var in, out, oin, oout, total int64
-	if err := b.pool.QueryRow(context.Background(), `SELECT sum(input_tokens), sum(output_tokens), sum(overage_input_tokens), sum(overage_output_tokens),
+	if err := b.pool.QueryRow(context.Background(), `SELECT sum(input_tokens), sum(output_tokens), sum(coalesce(overage_input_tokens, input_tokens)), sum(coalesce(overage_output_tokens, output_tokens)),
 		(SELECT sum(input_tokens) FROM allowance_usage) FROM usage_logs`).Scan(&in, &out, &oin, &oout, &total); err != nil {
 		t.Fatal(err)
 	}
@@ -230,8 +230,8 @@ func TestCorrectionDuringAnUnorderedEventKeepsTheSplitExact(t *testing.T) {
 	ingest.SetBeforeWrites(w.Ingest, nil)
 
 	var over, periodOver int64
-	if err := w.Pool.QueryRow(context.Background(), `SELECT (SELECT overage_input_tokens FROM usage_logs WHERE id = $1),
-			(SELECT sum(overage_input_tokens) FROM usage_logs WHERE tenant_id = $2)`, second, tenant).Scan(&over, &periodOver); err != nil {
+	if err := w.Pool.QueryRow(context.Background(), `SELECT (SELECT coalesce(overage_input_tokens, input_tokens) FROM usage_logs WHERE id = $1),
+			(SELECT sum(coalesce(overage_input_tokens, input_tokens)) FROM usage_logs WHERE tenant_id = $2)`, second, tenant).Scan(&over, &periodOver); err != nil {
 		t.Fatal(err)
 	}
 	if over != 0 || periodOver != 0 {

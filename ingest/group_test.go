@@ -155,16 +155,16 @@ func TestCoalescedSingleEventsSplitTheAllowanceExactly(t *testing.T) {
 		t.Fatalf("group sizes %v: the events were not coalesced", sizes)
 	}
 	var in, out int64
-	if err := b.pool.QueryRow(context.Background(), "SELECT sum(overage_input_tokens), sum(overage_output_tokens) FROM usage_logs").Scan(&in, &out); err != nil {
+	if err := b.pool.QueryRow(context.Background(), "SELECT sum(coalesce(overage_input_tokens, input_tokens)), sum(coalesce(overage_output_tokens, output_tokens)) FROM usage_logs").Scan(&in, &out); err != nil {
 		t.Fatal(err)
 	}
 	if in != n*130-1000 || out != n*40-500 {
 		t.Fatalf("total overage = %d/%d, want %d/%d", in, out, n*130-1000, n*40-500)
 	}
-	if c := b.count(t, "SELECT count(*) FROM usage_logs WHERE overage_input_tokens BETWEEN 1 AND 129"); c != 1 {
+	if c := b.count(t, "SELECT count(*) FROM usage_logs WHERE coalesce(overage_input_tokens, input_tokens) BETWEEN 1 AND 129"); c != 1 {
 		t.Fatalf("%d events straddle the input allowance, want exactly 1", c)
 	}
-	if c := b.count(t, "SELECT count(*) FROM usage_logs WHERE overage_output_tokens BETWEEN 1 AND 39"); c != 1 {
+	if c := b.count(t, "SELECT count(*) FROM usage_logs WHERE coalesce(overage_output_tokens, output_tokens) BETWEEN 1 AND 39"); c != 1 {
 		t.Fatalf("%d events straddle the output allowance, want exactly 1", c)
 	}
 	if b.logs(t) != n || b.records(t) != n {
@@ -401,7 +401,7 @@ func TestCoalescedGroupFailureAnswersEveryMember(t *testing.T) {
 				t.Fatalf("after resending: logs/records = %d/%d, want %d/%d", b.logs(t), b.records(t), blockerLogs+n, blockerRecords+n)
 			}
 			var over int64
-			if err := b.pool.QueryRow(context.Background(), "SELECT sum(overage_input_tokens) FROM usage_logs").Scan(&over); err != nil {
+			if err := b.pool.QueryRow(context.Background(), "SELECT sum(coalesce(overage_input_tokens, input_tokens)) FROM usage_logs").Scan(&over); err != nil {
 				t.Fatal(err)
 			}
 			if want := int64(n*150 + 1 - 1000); over != want {

@@ -477,14 +477,14 @@ func TestConcurrentEventsCrossingTheAllowanceSplitExactly(t *testing.T) {
 	}
 	wg.Wait()
 	var in, out int64
-	if err := b.pool.QueryRow(context.Background(), "SELECT sum(overage_input_tokens), sum(overage_output_tokens) FROM usage_logs").Scan(&in, &out); err != nil {
+	if err := b.pool.QueryRow(context.Background(), "SELECT sum(coalesce(overage_input_tokens, input_tokens)), sum(coalesce(overage_output_tokens, output_tokens)) FROM usage_logs").Scan(&in, &out); err != nil {
 		t.Fatal(err)
 	}
 	if in != 2600-1000 || out != 800-500 {
 		t.Fatalf("total overage = %d/%d, want 1600/300", in, out)
 	}
 	// Exactly one event straddles each allowance.
-	straddle := b.count(t, "SELECT count(*) FROM usage_logs WHERE overage_input_tokens BETWEEN 1 AND 129")
+	straddle := b.count(t, "SELECT count(*) FROM usage_logs WHERE coalesce(overage_input_tokens, input_tokens) BETWEEN 1 AND 129")
 	if straddle > 1 {
 		t.Fatalf("%d events straddle the input allowance, want at most 1", straddle)
 	}

@@ -172,9 +172,9 @@ func TestConcurrentBatchesSplitExactlyPerMeter(t *testing.T) {
 	got := map[string]int64{}
 	tokens := map[string]int64{}
 	rows, err := b.pool.Query(context.Background(), `
-		SELECT 'input', overage_input_tokens, 0::bigint
+		SELECT 'input', coalesce(overage_input_tokens, input_tokens), 0::bigint
 		FROM usage_logs WHERE tenant_id = $1
-		UNION ALL SELECT 'output', overage_output_tokens, output_tokens FROM usage_logs WHERE tenant_id = $1
+		UNION ALL SELECT 'output', coalesce(overage_output_tokens, output_tokens), output_tokens FROM usage_logs WHERE tenant_id = $1
 		UNION ALL SELECT x.k, x.o, x.t FROM usage_logs, unnest(meter_keys, meter_overage, coalesce(meter_tokens, meter_overage)) AS x (k, o, t) WHERE tenant_id = $1`,
 		b.capped.ID)
 	if err != nil {
@@ -580,5 +580,68 @@ func TestALogWhollyInOverageStoresItsMeterTokensOnce(t *testing.T) {
 	}
 	if rr := b.post(t, b.capped.APIKey, "second", partsEvent("gpt-4o", 100, 30, 0, 0, 0)); string(rr.body) != string(second.body) {
 		t.Fatalf("replay\n%s\nfirst\n%s", rr.body, second.body)
+	}
+}
+
+// A default meter's overage equal to the log's tokens (wholly overage, as
+// every log is once the allowance is spent) is stored NULL; an overage
+// partly within the allowance, or none, is stored as it is. Either reads
+// back, in the answer, the GET, the replay and the finance counters, with
+// its own value.
+func TestAnOverageEqualToItsTokensIsStoredOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// capped includes 1,000 input and 500 output tokens.
+	steps := []struct {
+		in, out         int
+		overIn, overOut int64
+		nullIn, nullOut bool
+	}{
+		{600, 100, 0, 0, false, false},    // within both allowances
+		{600, 100, 200, 0, false, false},  // input crosses its allowance
+		{700, 500, 700, 200, true, false}, // input wholly overage, output crosses
+		{50, 20, 50, 20, true, true},      // both wholly overage
+	}
+	var wantIn, wantOut int64
+	for i, s := range steps {
+		key := fmt.Sprintf("step-%d", i)
+		r := b.post(t, b.capped.APIKey, key, event(s.in, s.out))
+		requireStatus(t, r, http.StatusAccepted)
+		var l overage.UsageLog
+		if err := json.Unmarshal(r.body, &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Overage.InputTokens != s.overIn || l.Overage.OutputTokens != s.overOut {
+			t.Fatalf("step %d: answer overage %+v, want %d/%d", i, l.Overage, s.overIn, s.overOut)
+		}
+		var nullIn, nullOut bool
+		if err := b.pool.QueryRow(context.Background(), `SELECT overage_input_tokens IS NULL, overage_output_tokens IS NULL
+			FROM usage_logs WHERE id = $1`, l.ID).Scan(&nullIn, &nullOut); err != nil {
+			t.Fatal(err)
+		}
+		if nullIn != s.nullIn || nullOut != s.nullOut {
+			t.Fatalf("step %d: stored NULL input %v output %v, want %v %v", i, nullIn, nullOut, s.nullIn, s.nullOut)
+		}
+		g := b.do(t, http.MethodGet, "/v1/usage-events/"+l.ID.String(), b.capped.APIKey, "", "")
+		requireStatus(t, g, http.StatusOK)
+		var got overage.UsageLog
+		if err := json.Unmarshal(g.body, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Overage != l.Overage {
+			t.Fatalf("step %d: GET overage %+v, answer %+v", i, got.Overage, l.Overage)
+		}
+		if rr := b.post(t, b.capped.APIKey, key, event(s.in, s.out)); string(rr.body) != string(r.body) {
+			t.Fatalf("step %d: replay\n%s\nfirst\n%s", i, rr.body, r.body)
+		}
+		wantIn, wantOut = wantIn+s.overIn, wantOut+s.overOut
+	}
+	var in, out int64
+	if err := b.pool.QueryRow(context.Background(), `SELECT sum(overage_input_tokens)::bigint, sum(overage_output_tokens)::bigint
+		FROM billing_counters WHERE tenant_id = $1`, b.capped.ID).Scan(&in, &out); err != nil {
+		t.Fatal(err)
+	}
+	if in != wantIn || out != wantOut {
+		t.Fatalf("billing_counters: overage %d/%d, want %d/%d", in, out, wantIn, wantOut)
 	}
 }

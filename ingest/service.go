@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -61,6 +62,9 @@ type Service struct {
 	coalesce *coalescer
 	// periodCloseGrace is PERIOD_CLOSE_GRACE (see correction.go).
 	periodCloseGrace time.Duration
+	// logInsert is the statement usage logs are written with, chosen at
+	// the first write (insertSQL).
+	logInsert atomic.Pointer[string]
 
 	// beforeWrites, set only by tests, runs inside the ingest transaction
 	// after its reads and report jobs, before its writes and commit; an
@@ -78,6 +82,27 @@ func NewService(pool *pgxpool.Pool, ob *outbox.Inserter) *Service {
 		meters: meters.NewStore(pool, overage.DefaultMeterInputEvent, overage.DefaultMeterOutputEvent)}
 	s.coalesce = newCoalescer(s, defaultGroupsInFlight, maxGroupEvents)
 	return s
+}
+
+// insertSQL is the statement the service writes usage logs with:
+// usagelog.InsertSQL, storing an overage equal to its tokens NULL, on a
+// database that takes it (0069), else usagelog.InsertOverageSQL. It is
+// read once, at the first write, so a service started before the
+// migration goes on writing what its schema took.
+func (s *Service) insertSQL(ctx context.Context) (string, error) {
+	if q := s.logInsert.Load(); q != nil {
+		return *q, nil
+	}
+	var null bool
+	if err := s.pool.QueryRow(ctx, usagelog.OverageNullSQL).Scan(&null); err != nil {
+		return "", fmt.Errorf("read whether usage_logs takes an overage NULL: %w", err)
+	}
+	q := usagelog.InsertOverageSQL
+	if null {
+		q = usagelog.InsertSQL
+	}
+	s.logInsert.Store(&q)
+	return q, nil
 }
 
 // UseMeters routes usage with the catalog of store (whose default meters
@@ -320,6 +345,10 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read meter catalog: %w", err)
 	}
+	insert, err := s.insertSQL(ctx)
+	if err != nil {
+		return nil, err
+	}
 	tx, slot, end, err := s.begin(ctx)
 	if err != nil {
 		return nil, err
@@ -364,7 +393,7 @@ func (s *Service) executeOnce(ctx context.Context, g *group) ([]answer, error) {
 			return nil, err
 		}
 	}
-	if err := commit(ctx, tx, g.tenantID, st, st.claim, w, stored); err != nil {
+	if err := commit(ctx, tx, g.tenantID, st, st.claim, w, stored, insert); err != nil {
 		return nil, err
 	}
 	return answers, nil

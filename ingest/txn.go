@@ -205,10 +205,10 @@ type storedAnswer struct {
 // commit is step 5: in one round trip, the expired records' removal, the
 // used-up guard of the unordered periods (queueUsedUpGuard), the period
 // totals (slot 0 of an ordered period, else the transaction's slot), the
-// usage logs (usagelog.InsertSQL, in request_id order, so two batches
-// sharing request_ids wait for each other instead of deadlocking), the
-// statements of w.after, the stored answers, COMMIT.
-func commit(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, st *state, c *claim, w *writes, answers []storedAnswer) error {
+// usage logs (insert, Service.insertSQL's, in request_id order, so two
+// batches sharing request_ids wait for each other instead of
+// deadlocking), the statements of w.after, the stored answers, COMMIT.
+func commit(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, st *state, c *claim, w *writes, answers []storedAnswer, insert string) error {
 	b := &pgx.Batch{}
 	for _, e := range c.expired {
 		b.Queue(idempotency.DeleteExpiredSQL, pgUUID(tenantID), e.key, e.expiresAt)
@@ -219,7 +219,7 @@ func commit(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, st *state, c *c
 		if len(w.extra) > 0 {
 			queueMeterTotals(b, tenantID, st, w.extra)
 		}
-		w.queueLogs(b, tenantID, st.now)
+		w.queueLogs(b, tenantID, st.now, insert)
 	}
 	if w.after != nil {
 		w.after(b)
@@ -245,8 +245,9 @@ func commit(ctx context.Context, tx *pipeTx, tenantID uuid.UUID, st *state, c *c
 	return nil
 }
 
-// queueLogs queues the insert of w's logs created at now.
-func (w *writes) queueLogs(b *pgx.Batch, tenantID uuid.UUID, now time.Time) {
+// queueLogs queues the insert of w's logs created at now with insert
+// (usagelog.InsertSQL or InsertOverageSQL).
+func (w *writes) queueLogs(b *pgx.Batch, tenantID uuid.UUID, now time.Time, insert string) {
 	m := len(w.logs)
 	ids, rids := make(pgArray[pgtype.UUID], m), make(pgArray[pgtype.Text], m)
 	tss, periods := make(pgArray[pgTimestamptz], m), make(pgArray[pgTimestamptz], m)
@@ -292,7 +293,7 @@ func (w *writes) queueLogs(b *pgx.Batch, tenantID uuid.UUID, now time.Time) {
 	if slices.ContainsFunc(rids, func(r pgtype.Text) bool { return r.Valid }) {
 		b.Queue(usagelog.ClaimRequestIDsSQL, pgUUID(tenantID), rids)
 	}
-	b.Queue(usagelog.InsertSQL,
+	b.Queue(insert,
 		pgUUID(tenantID), ids, rids, tss, users, models, in, out, periods, oin, oout, statuses, now, reads, writes, reasons,
 		flat.keys, flat.tokens, flat.over, flat.offsets, flat.count, reported, corrects, why, w.streamRIDs, by)
 }
@@ -319,6 +320,10 @@ type deltaEffect struct {
 // usage log it corrects.
 func (s *Service) executeDelta(ctx context.Context, tenantID uuid.UUID, key string, fp []byte,
 	decide func(context.Context, *pipeTx) (*deltaEffect, error)) (*Outcome, error) {
+	insert, err := s.insertSQL(ctx)
+	if err != nil {
+		return nil, err
+	}
 	tx, slot, end, err := s.begin(ctx)
 	if err != nil {
 		return nil, err
@@ -346,7 +351,7 @@ func (s *Service) executeDelta(ctx context.Context, tenantID uuid.UUID, key stri
 		return nil, err
 	}
 	w.after = eff.after
-	if err := commit(ctx, tx, tenantID, st, c, w, []storedAnswer{{key: key, fingerprint: fp, out: out}}); err != nil {
+	if err := commit(ctx, tx, tenantID, st, c, w, []storedAnswer{{key: key, fingerprint: fp, out: out}}, insert); err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -179,8 +179,8 @@ func (f *fixture) billInDatabaseOnly(t *testing.T, customer string, ts time.Time
 	id := f.record(t, customer, ts, in, out)
 	if _, err := f.pool.Exec(context.Background(), `UPDATE usage_logs SET billing_status = 'billed',
 		first_attempt_at = `+billedAt+`, billed_at = `+billedAt+`,
-		input_accepted_at = CASE WHEN overage_input_tokens > 0 THEN `+billedAt+` END,
-		output_accepted_at = CASE WHEN overage_output_tokens > 0 THEN `+billedAt+` END
+		input_accepted_at = CASE WHEN coalesce(overage_input_tokens, input_tokens) > 0 THEN `+billedAt+` END,
+		output_accepted_at = CASE WHEN coalesce(overage_output_tokens, output_tokens) > 0 THEN `+billedAt+` END
 		WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}

@@ -205,8 +205,8 @@ const formMembershipSQL = `UPDATE usage_logs u SET
 			WHERE u.id = v.id AND u.id BETWEEN $8 AND $9`
 
 // The dimensions of a log in no report yet, not accepted, with overage.
-const needIn = `(overage_input_tokens <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`
-const needOut = `(overage_output_tokens <> 0 AND output_report_lead IS NULL AND output_accepted_at IS NULL)`
+var needIn = `(` + OverageInputSQL("") + ` <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`
+var needOut = `(` + OverageOutputSQL("") + ` <> 0 AND output_report_lead IS NULL AND output_accepted_at IS NULL)`
 
 // A line of another meter with overage, in no report, not accepted.
 const needExtra = `(meter_keys IS NOT NULL AND EXISTS (
@@ -214,7 +214,7 @@ const needExtra = `(meter_keys IS NOT NULL AND EXISTS (
 		WHERE x.o <> 0 AND x.l IS NULL AND x.a IS NULL))`
 
 // lockCandidatesSQL reads and locks up to $2 candidates of tenant $1.
-const lockCandidatesSQL = `SELECT id, ts, period_start, overage_input_tokens, overage_output_tokens, ` + needIn + `, ` + needOut + `,
+var lockCandidatesSQL = `SELECT id, ts, period_start, ` + OverageInputSQL("") + `, ` + OverageOutputSQL("") + `, ` + needIn + `, ` + needOut + `,
 			first_attempt_at, first_attempt_at IS NOT NULL AND input_report_lead IS NULL AND output_report_lead IS NULL AND meter_leads IS NULL,
 			meter_keys, meter_overage, meter_leads, meter_accepted_at, coalesce(stripe_timestamp = 'reported', false)
 		FROM usage_logs

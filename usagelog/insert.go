@@ -24,13 +24,30 @@ import "fmt"
 // $20 and $21 each log's offset and count in them. A log whose every line
 // is wholly overage (the common case once an allowance is spent) stores
 // meter_tokens NULL: it equals meter_overage, and its 45 bytes were a
-// seventh of such a row (MeterTokensSQL reads it back).
-const InsertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+// seventh of such a row (MeterTokensSQL reads it back). In the same way
+// an overage of the default meters equal to the log's tokens (every log
+// once the allowance is spent) is stored NULL (0069): 16 bytes, a batched
+// log's tuple from 176 to 160 (OverageInputSQL, OverageOutputSQL read it
+// back).
+var InsertSQL = fmt.Sprintf(insertSQL, "nullif(u.oi, u.i), nullif(u.oo, u.o)")
+
+// InsertOverageSQL is InsertSQL storing every overage as it is, never
+// NULL: for a database without 0069, where the columns are NOT NULL
+// (OverageNullSQL tells which). A binary runs only on a database migrated
+// for it (app.CheckSchema), so this is for a writer started before the
+// migration, as the tests that migrate under load start theirs.
+var InsertOverageSQL = fmt.Sprintf(insertSQL, "u.oi, u.oo")
+
+// OverageNullSQL is whether usage_logs takes an overage NULL (0069).
+const OverageNullSQL = `SELECT NOT attnotnull FROM pg_attribute
+	WHERE attrelid = 'usage_logs'::regclass AND attname = 'overage_input_tokens'`
+
+const insertSQL = `INSERT INTO usage_logs (id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 		period_start, overage_input_tokens, overage_output_tokens, billing_status, created_at,
 		cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 		meter_keys, meter_tokens, meter_overage, stripe_timestamp,
 		corrects, correction_reason, stream_request_id, corrected_by)
-	SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, u.oi, u.oo, u.status, $13, u.cr, u.cw, u.rs,
+	SELECT u.id, $1, u.rid, u.ts, u.usr, u.model, u.i, u.o, u.period, %s, u.status, $13, u.cr, u.cw, u.rs,
 		string_to_array(u.mk, ','),
 		CASE WHEN u.cnt > 0 THEN nullif(($18::bigint[])[u.lo + 1 : u.lo + u.cnt], ($19::bigint[])[u.lo + 1 : u.lo + u.cnt]) END,
 		CASE WHEN u.cnt > 0 THEN ($19::bigint[])[u.lo + 1 : u.lo + u.cnt] END,

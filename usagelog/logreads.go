@@ -79,18 +79,41 @@ const ReplayHorizon = overage.MaxEventAge + overage.MaxFutureSkew + ClaimWindow
 // meter_overage (InsertSQL stores them so), the array otherwise.
 const MeterTokensSQL = `coalesce(meter_tokens, meter_overage)`
 
-const LogColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
+// OverageInputSQL and OverageOutputSQL read a log's overage on the default
+// input and output meters, the log named by alias ("" for a statement on
+// usage_logs alone): NULL when it equals the log's input_tokens or
+// output_tokens (since 0069 InsertSQL stores it so: 16 of a batched log's
+// 176 bytes of tuple; the column's comment says so), the column otherwise.
+// Every read of the two columns goes through them: a bare column would
+// read NULL, which sum() passes over and a comparison never matches.
+func OverageInputSQL(alias string) string {
+	return "coalesce(" + qualify(alias, "overage_input_tokens") + ", " + qualify(alias, "input_tokens") + ")"
+}
+
+// OverageOutputSQL: see OverageInputSQL.
+func OverageOutputSQL(alias string) string {
+	return "coalesce(" + qualify(alias, "overage_output_tokens") + ", " + qualify(alias, "output_tokens") + ")"
+}
+
+func qualify(alias, column string) string {
+	if alias == "" {
+		return column
+	}
+	return alias + "." + column
+}
+
+var LogColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
-	overage_input_tokens, overage_output_tokens, billing_status, billed_at, created_at,
+	` + OverageInputSQL("") + `, ` + OverageOutputSQL("") + `, billing_status, billed_at, created_at,
 	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
 	corrects, correction_reason, meter_keys, ` + MeterTokensSQL + `, meter_overage, meter_leads, meter_accepted_at, corrected_by,
 	coalesce(stripe_timestamp, 'usage')`
 
 // GetLogSQL reads the log $1.
-const GetLogSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE id = $1`
+var GetLogSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE id = $1`
 
 // CorrectionsOfSQL reads the corrections of the log $1, oldest first.
-const CorrectionsOfSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE corrects = $1 ORDER BY id`
+var CorrectionsOfSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE corrects = $1 ORDER BY id`
 
 // ByRequestIDSQL is a page of the logs of tenant $1 under request_id $2
 // (a stream's, or the one recorded under it) after id $3, at most $4.
@@ -104,12 +127,12 @@ var ByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs
 // id = ANY($1); here each id is a parameter of the nested loop (LIMIT 1
 // keeps the subquery from being flattened into a join the planner may
 // hash), which prunes each probe to its partition.
-const LogsByIDSQL = `SELECT ` + LogColumns + ` FROM unnest($1::uuid[]) AS k (kid)
+var LogsByIDSQL = `SELECT ` + LogColumns + ` FROM unnest($1::uuid[]) AS k (kid)
 	CROSS JOIN LATERAL (SELECT * FROM usage_logs l WHERE l.id = k.kid LIMIT 1) AS u`
 
 // LockLogSQL reads and locks the log $1: the referee of two corrections
 // of one log.
-const LockLogSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE id = $1 FOR UPDATE`
+var LockLogSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE id = $1 FOR UPDATE`
 
 // TenantOfLogSQL reads the tenant of the log $1.
 const TenantOfLogSQL = `SELECT tenant_id FROM usage_logs WHERE id = $1`
@@ -122,7 +145,7 @@ var PlainLogByRequestIDSQL = `SELECT ` + LogColumns + ` FROM usage_logs u
 
 // StreamLogsSQL reads the logs of the stream $2 of the tenant $1: its
 // increases and the corrections its final checkpoints made.
-const StreamLogsSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE tenant_id = $1 AND stream_request_id = $2`
+var StreamLogsSQL = `SELECT ` + LogColumns + ` FROM usage_logs WHERE tenant_id = $1 AND stream_request_id = $2`
 
 // CorrectedPeriodSQL reads, for the correction of the log $2 of the tenant
 // $1, the log's allowance period, the period of now, whether the log's

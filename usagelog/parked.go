@@ -65,7 +65,7 @@ func ListParked(ctx context.Context, db DB, p ParkedParams) ([]Parked, error) {
 	}
 	rows, err := db.Query(ctx, `
 		SELECT u.id, t.id, t.name, t.stripe_customer_id, u.billing_status, coalesce(u.billing_message, ''),
-			u.first_attempt_at, u.ts, u.created_at, u.overage_input_tokens, u.overage_output_tokens,
+			u.first_attempt_at, u.ts, u.created_at, `+OverageInputSQL("u")+`, `+OverageOutputSQL("u")+`,
 			u.input_accepted_at, u.output_accepted_at, u.input_report_lead, u.output_report_lead
 		FROM tenants t
 		CROSS JOIN LATERAL (

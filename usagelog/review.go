@@ -168,8 +168,8 @@ const resolveLogsSQL = `UPDATE usage_logs SET billing_status = $2, billing_messa
 		RETURNING id`
 
 // lockForReviewSQL reads and locks the log $1, with its window of $2 seconds.
-const lockForReviewSQL = `SELECT billing_status, billing_message, first_attempt_at,
-			overage_input_tokens, overage_output_tokens, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
+var lockForReviewSQL = `SELECT billing_status, billing_message, first_attempt_at,
+			` + OverageInputSQL("") + `, ` + OverageOutputSQL("") + `, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
 			now(), first_attempt_at + make_interval(secs => $2),
 			coalesce(first_attempt_at + make_interval(secs => $2) > now(), false)
 		FROM usage_logs WHERE id = $1 FOR UPDATE`

@@ -152,7 +152,7 @@ func OldestPendingSQL(tenant string) string {
 // drop (which fires no trigger, so the live counters keep counting the
 // dropped logs as this does).
 var CountersSQL = `SELECT tenant_id, billing_status, sum(n)::bigint, sum(i)::bigint, sum(o)::bigint FROM (
-	SELECT tenant_id, billing_status, count(*) AS n, sum(overage_input_tokens) AS i, sum(overage_output_tokens) AS o
+	SELECT tenant_id, billing_status, count(*) AS n, sum(` + OverageInputSQL("") + `) AS i, sum(` + OverageOutputSQL("") + `) AS o
 	FROM usage_logs WHERE ` + aboveWatermarkSQL("id") + `
 	GROUP BY tenant_id, billing_status
 	UNION ALL

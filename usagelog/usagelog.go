@@ -466,9 +466,9 @@ const releaseSQL = `UPDATE usage_reports r SET lease_until = NULL
 // the three columns it sets, not per column (four scans of the lines a
 // log; docs/benchmarks.md, "Meters", has what that cost).
 func acceptMembersSQL(where string) string {
-	const done = `u.billing_status IN ('pending', 'needs_review')
-		AND (u.overage_input_tokens = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
-		AND (u.overage_output_tokens = 0 OR u.output_accepted_at IS NOT NULL OR v.o)
+	done := `u.billing_status IN ('pending', 'needs_review')
+		AND (` + OverageInputSQL("u") + ` = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
+		AND (` + OverageOutputSQL("u") + ` = 0 OR u.output_accepted_at IS NOT NULL OR v.o)
 		AND coalesce(bool_and(x.o = 0 OR x.a IS NOT NULL OR x.k = ANY (coalesce(acc.keys, '{}'))), true)`
 	return `UPDATE usage_logs u SET
 				input_accepted_at = CASE WHEN v.i THEN coalesce(u.input_accepted_at, now()) ELSE u.input_accepted_at END,

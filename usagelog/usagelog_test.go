@@ -94,7 +94,7 @@ func TestConcurrentFormsNeverShareALog(t *testing.T) {
 	}
 	var unformed int
 	if err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM usage_logs
-		WHERE input_report_lead IS NULL OR (overage_output_tokens > 0) <> (output_report_lead IS NOT NULL)`).Scan(&unformed); err != nil || unformed != 0 {
+		WHERE input_report_lead IS NULL OR (coalesce(overage_output_tokens, output_tokens) > 0) <> (output_report_lead IS NOT NULL)`).Scan(&unformed); err != nil || unformed != 0 {
 		t.Fatalf("%d logs whose report columns disagree (%v)", unformed, err)
 	}
 }

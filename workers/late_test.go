@@ -67,7 +67,7 @@ func billedLog(t *testing.T, w *worktest.World, id uuid.UUID) lateLog {
 	var l lateLog
 	var basis *string
 	var lead uuid.UUID
-	if err := w.Pool.QueryRow(ctx, `SELECT u.period_start, u.overage_input_tokens, u.stripe_timestamp, u.ts, u.input_report_lead, r.ts
+	if err := w.Pool.QueryRow(ctx, `SELECT u.period_start, coalesce(u.overage_input_tokens, u.input_tokens), u.stripe_timestamp, u.ts, u.input_report_lead, r.ts
 		FROM usage_logs u JOIN usage_reports r ON r.lead_usage_log_id = u.input_report_lead AND r.dimension = 'input'
 		WHERE u.id = $1`, id).Scan(&l.period, &l.overage, &basis, &l.usageTS, &lead, &l.reportTS); err != nil {
 		t.Fatal(err)

@@ -190,7 +190,7 @@ func run(dbURL, oldBin, bin, addr string, logs, clients int, around time.Duratio
 		}
 	}
 	var billedIn int64
-	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(overage_input_tokens), 0)::bigint FROM usage_logs
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(coalesce(overage_input_tokens, input_tokens)), 0)::bigint FROM usage_logs
 		WHERE request_id = ANY($1) AND billing_status = 'billed'`, rids).Scan(&billedIn); err != nil {
 		return err
 	}

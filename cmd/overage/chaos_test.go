@@ -387,7 +387,7 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("reconcile after the chaos run: %v\n%s", err, out)
 	}
 	var rec struct{ Matches, Differences, TooRecent int }
-	days := count(`SELECT coalesce(sum((i <> 0)::int + (o <> 0)::int + (c <> 0)::int), 0) FROM (SELECT sum(u.overage_input_tokens) i, sum(u.overage_output_tokens) o,
+	days := count(`SELECT coalesce(sum((i <> 0)::int + (o <> 0)::int + (c <> 0)::int), 0) FROM (SELECT sum(coalesce(u.overage_input_tokens, u.input_tokens)) i, sum(coalesce(u.overage_output_tokens, u.output_tokens)) o,
 			coalesce(sum((SELECT sum(x) FROM unnest(u.meter_overage) AS x)), 0) c
 		FROM usage_logs u WHERE u.billing_status = 'billed' AND (u.ts AT TIME ZONE 'UTC')::date < (now() AT TIME ZONE 'UTC')::date
 		GROUP BY u.tenant_id, (u.ts AT TIME ZONE 'UTC')::date) x`)
@@ -420,10 +420,10 @@ func TestChaos(t *testing.T) {
 		rows, err := pool.Query(context.Background(), `
 			WITH l AS (SELECT * FROM usage_logs WHERE tenant_id = $1 AND period_start = date_trunc('month', now(), 'UTC')),
 			x AS (SELECT l.billing_status, k.k, k.t, k.o FROM l, unnest(l.meter_keys, coalesce(l.meter_tokens, l.meter_overage), l.meter_overage) AS k (k, t, o))
-			SELECT 'input', coalesce(sum(input_tokens), 0) - (SELECT coalesce(sum(t), 0) FROM x), coalesce(sum(overage_input_tokens), 0),
-				coalesce(sum(overage_input_tokens) FILTER (WHERE billing_status = 'billed'), 0) FROM l
-			UNION ALL SELECT 'output', coalesce(sum(output_tokens), 0), coalesce(sum(overage_output_tokens), 0),
-				coalesce(sum(overage_output_tokens) FILTER (WHERE billing_status = 'billed'), 0) FROM l
+			SELECT 'input', coalesce(sum(input_tokens), 0) - (SELECT coalesce(sum(t), 0) FROM x), coalesce(sum(coalesce(overage_input_tokens, input_tokens)), 0),
+				coalesce(sum(coalesce(overage_input_tokens, input_tokens)) FILTER (WHERE billing_status = 'billed'), 0) FROM l
+			UNION ALL SELECT 'output', coalesce(sum(output_tokens), 0), coalesce(sum(coalesce(overage_output_tokens, output_tokens)), 0),
+				coalesce(sum(coalesce(overage_output_tokens, output_tokens)) FILTER (WHERE billing_status = 'billed'), 0) FROM l
 			UNION ALL SELECT k, sum(t), sum(o), coalesce(sum(o) FILTER (WHERE billing_status = 'billed'), 0) FROM x GROUP BY k`, tn.ID)
 		if err != nil {
 			t.Fatal(err)

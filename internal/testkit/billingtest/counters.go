@@ -16,8 +16,8 @@ const countersAgainstLinesSQL = `
 	WITH want AS (
 		SELECT u.tenant_id, u.period_start, m.meter, u.billing_status, sum(m.o) AS n
 		FROM usage_logs u CROSS JOIN LATERAL (
-			SELECT 'input'::text AS meter, u.overage_input_tokens AS o
-			UNION ALL SELECT 'output', u.overage_output_tokens
+			SELECT 'input'::text AS meter, coalesce(u.overage_input_tokens, u.input_tokens) AS o
+			UNION ALL SELECT 'output', coalesce(u.overage_output_tokens, u.output_tokens)
 			UNION ALL SELECT x.k, x.o FROM unnest(u.meter_keys, u.meter_overage) AS x (k, o)
 		) AS m
 		GROUP BY 1, 2, 3, 4 HAVING sum(m.o) <> 0
