@@ -79,12 +79,16 @@ const (
 	ToolMaxConns = 4
 )
 
-// The application_name of each pool of `work`, as pg_stat_activity shows
-// its backends: what each costs the database can be read apart.
+// The application_name of each pool of `work` and `serve`, as
+// pg_stat_activity shows its backends: what each costs the database can
+// be read apart.
 const (
-	WorkAppName        = "overage-work"
-	MaintenanceAppName = "overage-maintenance"
-	RiverAppName       = "overage-river"
+	WorkAppName         = "overage-work"
+	MaintenanceAppName  = "overage-maintenance"
+	RiverAppName        = "overage-river"
+	ServeAppName        = "overage-serve"         // the API's pool: ingest, tenants, webhooks
+	ServeAdminAppName   = "overage-serve-admin"   // the finance statement
+	ServeMetricsAppName = "overage-serve-metrics" // /metrics' backlog gauges
 )
 
 // OpenPool connects to PostgreSQL with at most maxConns connections. Sizes

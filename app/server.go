@@ -97,8 +97,11 @@ func NewServer(ctx context.Context, cfg *ServeConfig, logger *slog.Logger) (*Ser
 			p.Close()
 		}
 	}
-	for _, n := range []int32{ServeAPIMaxConns, ServeAdminMaxConns, ServeMetricsMaxConns} {
-		p, err := OpenPool(ctx, cfg.DB.URL, n)
+	for _, pc := range []struct {
+		max  int32
+		name string
+	}{{ServeAPIMaxConns, ServeAppName}, {ServeAdminMaxConns, ServeAdminAppName}, {ServeMetricsMaxConns, ServeMetricsAppName}} {
+		p, err := OpenPoolAs(ctx, cfg.DB.URL, pc.max, pc.name)
 		if err != nil {
 			closeAll()
 			return nil, err
