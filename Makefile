@@ -72,9 +72,9 @@ lint: ## go vet (both builds) and a gofmt check
 	$(GO) vet -tags dev ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-bench: build ## ingest (HTTP vs pgbench), end to end, drain, status, then soak, volume and storage (SOAK_SECONDS=0 skips those)
+bench: build ## ingest (HTTP vs pgbench), end to end, drain, status, then soak, volume and storage, and a month's storage packed (SOAK_SECONDS=0 skips those)
 	@$(WITH_TEST_DB) ./bench/ingest.sh
-	@$(WITH_TEST_DB) if [ "$${SOAK_SECONDS:-600}" != 0 ]; then ./bench/soak.sh; fi
+	@$(WITH_TEST_DB) if [ "$${SOAK_SECONDS:-600}" != 0 ]; then ./bench/soak.sh && ./bench/pack.sh; fi
 
 bench-meters: build ## every event on three per-model meters vs the two defaults, same events, A B B A: ingest, end to end, drain, with the ratios
 	@$(WITH_TEST_DB) ./bench/meters.sh

@@ -65,7 +65,33 @@ type Decision struct {
 	Reason    string     `json:"reason"`
 	// Logs is the number of logs rolled up (or that would be), when read.
 	Logs *int64 `json:"logs,omitempty"`
+	// Indexes is a kept partition's packing (usagelog.PackPartition);
+	// empty for a partition that goes.
+	Indexes Packing `json:"indexes,omitempty"`
+	// PackedAt is when its indexes were packed.
+	PackedAt *time.Time `json:"packed_at,omitempty"`
+	// IndexBytes is the size of its indexes (both tables) before and
+	// after this run packed them.
+	IndexBytes *[2]int64 `json:"index_bytes,omitempty"`
 }
+
+// Packing is where a kept partition stands in its packing: its indexes
+// rebuilt full, once, when its month is over and none of its logs is
+// pending (usagelog.PackPartition).
+type Packing string
+
+const (
+	// PackingOpen: logs may still enter it (its month and
+	// usagelog.PackAfter are not over).
+	PackingOpen Packing = "open"
+	// PackingPending: logs of it are pending, and billing will update
+	// them.
+	PackingPending Packing = "pending"
+	// PackingDue: a dry run's "would pack".
+	PackingDue Packing = "would_pack"
+	// PackingPacked: packed, by this run (IndexBytes) or an earlier one.
+	PackingPacked Packing = "packed"
+)
 
 // Result is a run: every partition, oldest first.
 type Result struct {
@@ -154,7 +180,12 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, dryRun bool) (*Res
 	if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return nil, fmt.Errorf("retention: read the database clock: %w", err)
 	}
+	packs, err := usagelog.Packs(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("retention: %w", err)
+	}
 	var kept string // the first partition kept: every later one stays too
+	packed := false // a run packs one partition at most
 	for _, p := range ps {
 		d := Decision{Partition: p.Name, Reports: p.Reports, From: p.Lower, To: p.Upper, Action: ActionKept}
 		if r, ok := done[p.Name]; ok {
@@ -175,8 +206,14 @@ func Run(ctx context.Context, pool *pgxpool.Pool, cfg Config, dryRun bool) (*Res
 				return res, err
 			}
 		}
-		if d.Action == ActionKept && kept == "" {
-			kept = p.Name
+		if d.Action == ActionKept {
+			if kept == "" {
+				kept = p.Name
+			}
+			if err := pack(ctx, conn, cfg, p, now, packs, dryRun || packed, &d); err != nil {
+				return res, err
+			}
+			packed = packed || d.IndexBytes != nil
 		}
 		res.Partitions = append(res.Partitions, d)
 	}
@@ -236,6 +273,48 @@ func weigh(ctx context.Context, conn *pgxpool.Conn, cfg Config, p Partition, dry
 	}
 	cfg.Logger.InfoContext(ctx, "usage log partition dropped", "partition", p.Name, "reports_partition", p.Reports)
 	d.Action = ActionDropped
+	return nil
+}
+
+// pack weighs a kept partition's packing and, unless dryRun, packs it
+// when it is due. Packing is retention's, though it drops nothing: both
+// are what a month's partition becomes once it is written no more, and
+// retention's lock keeps two packs of one partition apart. A run packs
+// one partition at most (Run passes dryRun for the others, which stay
+// due): a month's rebuild reads and writes all its indexes, and the
+// first run after an upgrade finds every month kept due, which daily
+// runs then pack one a day, oldest first, rather than all at once.
+func pack(ctx context.Context, conn *pgxpool.Conn, cfg Config, p Partition, now time.Time, packs map[string]usagelog.Pack,
+	dryRun bool, d *Decision) error {
+	if done, ok := packs[p.Name]; ok {
+		at := done.PackedAt
+		d.Indexes, d.PackedAt = PackingPacked, &at
+		return nil
+	}
+	if p.Upper.After(now.Add(-usagelog.PackAfter)) {
+		d.Indexes = PackingOpen
+		return nil
+	}
+	pending, err := usagelog.PendingIn(ctx, conn, p.Name)
+	if err != nil {
+		return fmt.Errorf("retention of %s: %w", p.Name, err)
+	}
+	switch {
+	case pending:
+		d.Indexes = PackingPending
+		return nil
+	case dryRun:
+		d.Indexes = PackingDue
+		return nil
+	}
+	start := time.Now()
+	done, err := usagelog.PackPartition(ctx, conn.Conn(), p)
+	if err != nil {
+		return fmt.Errorf("retention of %s: %w", p.Name, err)
+	}
+	cfg.Logger.InfoContext(ctx, "usage log partition packed", "partition", p.Name, "reports_partition", p.Reports,
+		"index_bytes_before", done.IndexBytesBefore, "index_bytes_after", done.IndexBytesAfter, "took", time.Since(start))
+	d.Indexes, d.PackedAt, d.IndexBytes = PackingPacked, &done.PackedAt, &[2]int64{done.IndexBytesBefore, done.IndexBytesAfter}
 	return nil
 }
 
@@ -309,9 +388,13 @@ func ParseRetention(v string) (time.Duration, error) {
 }
 
 // Summary is a run in a few words, for its log line: how many partitions
-// were dropped and kept, and the first reason to keep one.
-func (r *Result) Summary() (dropped, kept int, firstKept string) {
+// were dropped, kept and packed by the run, and the first reason to keep
+// one.
+func (r *Result) Summary() (dropped, kept, packed int, firstKept string) {
 	for _, d := range r.Partitions {
+		if d.IndexBytes != nil {
+			packed++
+		}
 		switch d.Action {
 		case ActionDropped:
 			dropped++
@@ -322,5 +405,5 @@ func (r *Result) Summary() (dropped, kept int, firstKept string) {
 			kept++
 		}
 	}
-	return dropped, kept, firstKept
+	return dropped, kept, packed, firstKept
 }

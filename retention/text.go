@@ -14,12 +14,35 @@ var actionText = map[Action]string{
 	ActionDropped: "rolled up and dropped",
 }
 
+// indexesText is a partition's packing as `overage retention` prints it.
+func indexesText(d Decision) string {
+	switch d.Indexes {
+	case PackingOpen:
+		return "open"
+	case PackingPending:
+		return "pending logs"
+	case PackingDue:
+		return "would pack"
+	case PackingPacked:
+		if b := d.IndexBytes; b != nil {
+			return fmt.Sprintf("packed now, %s to %s", megabytes(b[0]), megabytes(b[1]))
+		}
+		return "packed " + d.PackedAt.UTC().Format(time.DateOnly)
+	}
+	return "-"
+}
+
+// megabytes is n bytes in MB, to one decimal.
+func megabytes(n int64) string {
+	return fmt.Sprintf("%.1f MB", float64(n)/1e6)
+}
+
 // WriteText writes r for `overage retention` without --json: one line per
-// partition, oldest first — its range of ingest time, what was (or would
-// be) done and why — then the watermark.
+// partition, oldest first — its range of ingest time, its indexes'
+// packing, what was (or would be) done and why — then the watermark.
 func WriteText(w io.Writer, r *Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PARTITION\tFROM\tTO\tLOGS\tACTION")
+	fmt.Fprintln(tw, "PARTITION\tFROM\tTO\tLOGS\tINDEXES\tACTION")
 	for _, d := range r.Partitions {
 		from := "(first)"
 		if d.From != nil {
@@ -29,7 +52,8 @@ func WriteText(w io.Writer, r *Result) error {
 		if d.Logs != nil {
 			logs = fmt.Sprint(*d.Logs)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s: %s\n", d.Partition, from, d.To.UTC().Format(time.DateOnly), logs, actionText[d.Action], d.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s: %s\n", d.Partition, from, d.To.UTC().Format(time.DateOnly), logs, indexesText(d),
+			actionText[d.Action], d.Reason)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -19,7 +19,8 @@ const DefaultRetentionInterval = 24 * time.Hour
 
 // UsageLogRetention runs retention (retention.Run: the usage log
 // partitions past USAGE_LOG_RETENTION, final and closed, rolled up and
-// dropped) and logs what it did.
+// dropped; those kept whose month is over and billed, packed) and logs
+// what it did.
 type UsageLogRetention struct {
 	river.WorkerDefaults[outbox.UsageLogRetentionArgs]
 	pool   *pgxpool.Pool
@@ -47,8 +48,8 @@ func (w *UsageLogRetention) Work(ctx context.Context, _ *river.Job[outbox.UsageL
 	if err != nil {
 		return fmt.Errorf("usage log retention: %w", err)
 	}
-	dropped, kept, first := res.Summary()
-	w.logger.InfoContext(ctx, "usage log retention", "dropped", dropped, "kept", kept, "first_kept", first,
+	dropped, kept, packed, first := res.Summary()
+	w.logger.InfoContext(ctx, "usage log retention", "dropped", dropped, "kept", kept, "packed", packed, "first_kept", first,
 		"retention", res.Retention, "rolled_up_before", res.WatermarkAt, "took", time.Since(start))
 	return nil
 }

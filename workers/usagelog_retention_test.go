@@ -55,6 +55,27 @@ func TestWorkRunsRetentionPeriodically(t *testing.T) {
 	}
 }
 
+// `overage work`'s retention packs a month it keeps (USAGE_LOG_RETENTION
+// 0) once the month is over and billed: the partition is recorded in
+// usage_log_packs and its primary key is rebuilt at fillfactor 100.
+func TestWorkPacksAMonthItKeeps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, emulator.Faults{})
+	jan := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
+	month := retentiontest.Replace(t, b.Pool, jan, jan.AddDate(0, 1, 0))[0]
+	seedBilledLog(t, b.Pool, b.Tenants["cus_a"].ID, jan.Add(time.Hour))
+	b.Start(t, workers.Config{Retention: 0, RetentionInterval: time.Hour})
+	polltest.Until(t, month+" packed at start", 30*time.Second, func() bool {
+		var packed bool
+		if err := b.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM usage_log_packs WHERE partition = $1)
+				AND (SELECT reloptions FROM pg_class WHERE relname = $1 || '_pkey') = ARRAY['fillfactor=100']`, month).Scan(&packed); err != nil {
+			t.Fatal(err)
+		}
+		return packed
+	})
+}
+
 // seedBilledLog writes a billed log of tenant minted and used at at.
 func seedBilledLog(t *testing.T, pool *pgxpool.Pool, tenant uuid.UUID, at time.Time) {
 	t.Helper()

@@ -14,8 +14,9 @@ import (
 )
 
 // `overage retention --dry-run` says, per partition, what would be
-// dropped and why each other one is kept, and changes nothing (its JSON
-// too); `overage retention` then drops what may go.
+// dropped and why each other one is kept (and where its indexes' packing
+// stands), and changes nothing (its JSON too); `overage retention` then
+// drops what may go.
 func TestRetentionCommandSaysWhyAndDryRunChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -51,8 +52,8 @@ func TestRetentionCommandSaysWhyAndDryRunChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		names[0] + "  2024-01-01  2024-02-01  2     would roll up and drop: older than 400d, every log final",
-		names[1] + "  2024-02-01  2024-03-01  -     kept: 1 log not final (1 pending)",
+		names[0] + "  2024-01-01  2024-02-01  2     -             would roll up and drop: older than 400d, every log final",
+		names[1] + "  2024-02-01  2024-03-01  -     pending logs  kept: 1 log not final (1 pending)",
 		"kept: newer than 400d",
 		"dry run: nothing changed",
 	} {
@@ -83,7 +84,7 @@ func TestRetentionCommandSaysWhyAndDryRunChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, names[0]+"  2024-01-01  2024-02-01  2     rolled up and dropped") ||
+	if !strings.Contains(out, names[0]+"  2024-01-01  2024-02-01  2     -             rolled up and dropped") ||
 		!strings.Contains(out, "the logs recorded before 2024-02-01T00:00:00Z") || exists(names[0]) || !exists(names[1]) {
 		t.Errorf("retention:\n%s\n%s there %v, %s there %v", out, names[0], exists(names[0]), names[1], exists(names[1]))
 	}
