@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -273,6 +274,41 @@ func TestPackingLetsTheMonthBeWritten(t *testing.T) {
 	for name, desc := range indexesOf(t, pool, names[0]) {
 		if name != names[0]+"_ts_idx" && desc[:len("fillfactor=100 valid=true")] != "fillfactor=100 valid=true" {
 			t.Errorf("index %s after packing: %s", name, desc)
+		}
+	}
+}
+
+// `overage retention` prints each partition's packing in its INDEXES
+// column: a run that packed one says so with its sizes, and calls the
+// next one due "due, next run"; a dry run "would pack".
+func TestWriteTextSaysWhereEachPackingStands(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 2, 3, 0, 0, 0, time.UTC)
+	res := &retention.Result{Retention: "0", Partitions: []retention.Decision{
+		{Partition: "p1", To: feb, Action: retention.ActionKept, Reason: "r", Indexes: retention.PackingPacked, PackedAt: &at},
+		{Partition: "p2", To: mar, Action: retention.ActionKept, Reason: "r", Indexes: retention.PackingPacked, PackedAt: &at,
+			IndexBytes: &[2]int64{412_300_000, 203_000_000}},
+		{Partition: "p3", To: apr, Action: retention.ActionKept, Reason: "r", Indexes: retention.PackingDue},
+		{Partition: "p4", To: apr, Action: retention.ActionKept, Reason: "r", Indexes: retention.PackingPending},
+		{Partition: "p5", To: apr, Action: retention.ActionKept, Reason: "r", Indexes: retention.PackingOpen},
+	}}
+	var b strings.Builder
+	if err := retention.WriteText(&b, res); err != nil {
+		t.Fatal(err)
+	}
+	res.DryRun = true
+	var dry strings.Builder
+	if err := retention.WriteText(&dry, res); err != nil {
+		t.Fatal(err)
+	}
+	for out, wants := range map[string][]string{
+		b.String():   {"INDEXES", "packed 2026-12-02", "packed now, 412.3 MB to 203.0 MB", "due, next run", "pending logs", "open"},
+		dry.String(): {"would pack"},
+	} {
+		for _, want := range wants {
+			if !strings.Contains(out, want) {
+				t.Errorf("lacks %q:\n%s", want, out)
+			}
 		}
 	}
 }

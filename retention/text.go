@@ -14,14 +14,18 @@ var actionText = map[Action]string{
 	ActionDropped: "rolled up and dropped",
 }
 
-// indexesText is a partition's packing as `overage retention` prints it.
-func indexesText(d Decision) string {
+// indexesText is a partition's packing as `overage retention` prints it
+// (in a dry run or not: a run that packed one leaves the others due).
+func indexesText(d Decision, dryRun bool) string {
 	switch d.Indexes {
 	case PackingOpen:
 		return "open"
 	case PackingPending:
 		return "pending logs"
 	case PackingDue:
+		if !dryRun {
+			return "due, next run"
+		}
 		return "would pack"
 	case PackingPacked:
 		if b := d.IndexBytes; b != nil {
@@ -52,7 +56,7 @@ func WriteText(w io.Writer, r *Result) error {
 		if d.Logs != nil {
 			logs = fmt.Sprint(*d.Logs)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s: %s\n", d.Partition, from, d.To.UTC().Format(time.DateOnly), logs, indexesText(d),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s: %s\n", d.Partition, from, d.To.UTC().Format(time.DateOnly), logs, indexesText(d, r.DryRun),
 			actionText[d.Action], d.Reason)
 	}
 	if err := tw.Flush(); err != nil {

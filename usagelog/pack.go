@@ -144,12 +144,8 @@ func PackPartition(ctx context.Context, db *pgx.Conn, p Partition) (Pack, error)
 // dropLeftovers drops the indexes of table an interrupted REINDEX
 // CONCURRENTLY left invalid.
 func dropLeftovers(ctx context.Context, db DB, table string) error {
-	rows, err := db.Query(ctx, `SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+	names, err := indexNames(ctx, db, `SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 		WHERE i.indrelid = $1::regclass AND NOT i.indisvalid AND c.relname ~ '_cc(new|old)[0-9]*$'`, table)
-	if err != nil {
-		return fmt.Errorf("list the leftover indexes of %s: %w", table, err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("list the leftover indexes of %s: %w", table, err)
 	}
@@ -165,13 +161,9 @@ func dropLeftovers(ctx context.Context, db DB, table string) error {
 // another (a SHARE UPDATE EXCLUSIVE lock each, catalogue only: the
 // REINDEX that follows builds them so).
 func setFillfactor(ctx context.Context, db DB, table string) error {
-	rows, err := db.Query(ctx, `SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
+	names, err := indexNames(ctx, db, `SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam
 		WHERE i.indrelid = $1::regclass AND a.amname = 'btree'
 			AND NOT coalesce(c.reloptions @> ARRAY['fillfactor=' || $2::int], false)`, table, PackFillfactor)
-	if err != nil {
-		return fmt.Errorf("list the indexes of %s: %w", table, err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return fmt.Errorf("list the indexes of %s: %w", table, err)
 	}
@@ -181,4 +173,13 @@ func setFillfactor(ctx context.Context, db DB, table string) error {
 		}
 	}
 	return nil
+}
+
+// indexNames runs q, a query of index names.
+func indexNames(ctx context.Context, db DB, q string, args ...any) ([]string, error) {
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
