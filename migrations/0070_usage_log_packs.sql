@@ -4,9 +4,8 @@
 -- rebuilt at fillfactor 100 (REINDEX CONCURRENTLY, usagelog.Pack). While
 -- the month was written, concurrent batches' ascending runs of ids and
 -- the request_id digests' random order left their leaves about two-thirds
--- full, and billing's updates (not HOT: billing_status is in the partial
--- indexes' predicates) added an entry to every index for each new version
--- of a log. A row here says it was done, so a partition is packed once;
+-- full, and billing's updates (almost never HOT) added an entry to every
+-- index for each new version of a log. A row here says it was done, so a partition is packed once;
 -- its sizes say what it saved. A new, empty table: nothing to lock.
 CREATE TABLE usage_log_packs (
     partition          text PRIMARY KEY,

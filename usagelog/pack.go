@@ -9,19 +9,20 @@ import (
 )
 
 // Packing a month's partition once it is written no more (retention runs
-// it, usagelog_packs records it, migration 0070).
+// it, usage_log_packs records it, migration 0070).
 //
 // While a month is written its indexes fill badly: concurrent batches
 // insert ascending runs of UUIDv7 ids below each other's, so the primary
 // key's leaves split in the middle and stay about two-thirds full; the
 // request_id digests arrive in random order (about 70%); and billing's
-// two updates of every log are not HOT (billing_status is in the partial
-// indexes' predicates), so each adds an entry to every index, which
-// VACUUM later frees into space that only that month's keys could reuse.
-// Once no log is minted in the month's range and none of its logs is
-// pending, nothing but the rare late change (a review's resolution, a
-// correction) writes to those indexes again, so they are rebuilt once,
-// at fillfactor 100: REINDEX CONCURRENTLY builds each anew beside the
+// two updates of every log are almost never HOT (the second changes
+// billing_status, which is in the partial indexes' predicates; a full
+// page has no room for the first's new version), so each adds an entry
+// to every index, which VACUUM later frees into space that only that
+// month's keys could reuse. Once no log is minted in the month's range
+// and none of its logs is pending, nothing but the rare late change (a
+// review's resolution) writes to those indexes again, so they are
+// rebuilt once, at fillfactor 100: REINDEX CONCURRENTLY builds each anew beside the
 // old and swaps them, under a SHARE UPDATE EXCLUSIVE lock of the
 // partition (reads, billing's updates and inserts go on; only another
 // VACUUM, REINDEX or DDL of that partition waits).
