@@ -168,8 +168,7 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 			offs[i], counts[i] = int32(len(flat)), int32(len(c.extraKeys))
 			flat = append(flat, c.extraLeads...)
 		}
-		lo, hi := IDBounds(ids)
-		if _, err := tx.Exec(ctx, formMembershipSQL, ids, in, outLeads, flat, offs, counts, basis, lo, hi); err != nil {
+		if _, err := tx.Exec(ctx, formMembershipSQL, ids, in, outLeads, flat, offs, counts, basis); err != nil {
 			return fmt.Errorf("record report membership: %w", err)
 		}
 		open := out[:0]
@@ -193,8 +192,15 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 
 // formMembershipSQL records, per log, the reports it joined ($1 ids, $2 and
 // $3 the input and output leads, $4 the meter leads flat with $5 offsets and
-// $6 counts, $7 the basis of each log's Stripe timestamp; $8 and $9 the
-// least and greatest of the ids, IDBounds).
+// $6 counts, $7 the basis of each log's Stripe timestamp). u.id = ANY($1)
+// beside the join: planned for its ids (a custom plan), it is both the
+// pruning to their partitions (the planner prunes by no join) and an
+// index condition on exactly those ids. Bounds (u.id BETWEEN the least
+// and the greatest id) pruned as well, but let the planner read the whole
+// range between them: a tenant's oldest pending logs span every tenant's
+// logs ingested meanwhile, so at a backlog of millions a call read
+// hundreds of thousands of rows to update thousands, and billing fell
+// behind further (docs/plans.md, "Partitions a statement reads").
 const formMembershipSQL = `UPDATE usage_logs u SET
 				input_report_lead = coalesce(v.inl, u.input_report_lead),
 				output_report_lead = coalesce(v.outl, u.output_report_lead),
@@ -202,7 +208,7 @@ const formMembershipSQL = `UPDATE usage_logs u SET
 				first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now(),
 				stripe_timestamp = CASE WHEN v.basis = 'reported' THEN v.basis ELSE coalesce(u.stripe_timestamp, v.basis) END
 			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[], $6::int[], $7::text[]) AS v (id, inl, outl, off, cnt, basis)
-			WHERE u.id = v.id AND u.id BETWEEN $8 AND $9`
+			WHERE u.id = v.id AND u.id = ANY($1)`
 
 // The dimensions of a log in no report yet, not accepted, with overage.
 var needIn = `(` + OverageInputSQL("") + ` <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`

@@ -22,10 +22,10 @@ import (
 // month's keys could reuse. Once no log is minted in the month's range
 // and none of its logs is pending, nothing but the rare late change (a
 // review's resolution) writes to those indexes again, so they are
-// rebuilt once, at fillfactor 100: REINDEX CONCURRENTLY builds each anew beside the
-// old and swaps them, under a SHARE UPDATE EXCLUSIVE lock of the
-// partition (reads, billing's updates and inserts go on; only another
-// VACUUM, REINDEX or DDL of that partition waits).
+// rebuilt once, at fillfactor 100: REINDEX CONCURRENTLY builds each anew
+// beside the old and swaps them, under a SHARE UPDATE EXCLUSIVE lock of
+// the partition (reads, billing's updates and inserts go on; only
+// another VACUUM, REINDEX or DDL of that partition waits).
 
 // PackAfter is how long after a partition's upper bound it may be
 // packed: ids are minted at ingest, so no log enters its range after the

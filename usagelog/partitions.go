@@ -1,7 +1,6 @@
 package usagelog
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -107,27 +106,6 @@ func IDTime(id uuid.UUID) time.Time {
 	var ms [8]byte
 	copy(ms[2:], id[:6])
 	return time.UnixMilli(int64(binary.BigEndian.Uint64(ms[:]))).UTC()
-}
-
-// IDBounds is the least and the greatest of ids (zero UUIDs for none), in
-// PostgreSQL's order of uuid (byte by byte). A statement that writes logs
-// by id (u.id = v.id over an unnest of them) and states its ids' bounds as
-// well (u.id BETWEEN lo AND hi) is planned on the partitions of those ids
-// only: the planner cannot prune by a join, and a statement planned over
-// every partition opens and plans each of them, at each execution, however
-// many months retention keeps (docs/plans.md, "Partitions a statement
-// reads"). A batch of logs is a few minutes of ingest: one partition, two
-// across a month's bound.
-func IDBounds(ids []uuid.UUID) (lo, hi uuid.UUID) {
-	for i, id := range ids {
-		if i == 0 || bytes.Compare(id[:], lo[:]) < 0 {
-			lo = id
-		}
-		if i == 0 || bytes.Compare(id[:], hi[:]) > 0 {
-			hi = id
-		}
-	}
-	return lo, hi
 }
 
 // boundsSQL lists the usage_logs partitions with their bounds (NULL for

@@ -330,9 +330,8 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int
 	// those this statement accepts (acc.keys), in one pass over a log's
 	// meter lines (see acceptMembersSQL).
 	var billed int64
-	lo, hi := IDBounds(ids)
 	for _, where := range []string{`u.billing_status <> 'pending'`, `u.billing_status = 'pending'`} {
-		tag, err := tx.Exec(ctx, acceptMembersSQL(where), ids, in, out, extra, lo, hi)
+		tag, err := tx.Exec(ctx, acceptMembersSQL(where), ids, in, out, extra)
 		if err != nil {
 			return 0, fmt.Errorf("bill members: %w", err)
 		}
@@ -459,8 +458,8 @@ const releaseSQL = `UPDATE usage_reports r SET lease_until = NULL
 
 // acceptMembersSQL stamps and bills the members matching where ($1 ids, $2
 // and $3 input and output accepted, $4 each log's accepted lines of other
-// meters, their keys joined by commas, NULL for none; $5 and $6 the least
-// and greatest of the ids, IDBounds). One pass over a
+// meters, their keys joined by commas, NULL for none; u.id = ANY($1)
+// prunes and probes as formMembershipSQL's does). One pass over a
 // log's meter lines (m) gives both its new meter_accepted_at and whether
 // those lines are all accepted, and the completeness is decided once for
 // the three columns it sets, not per column (four scans of the lines a
@@ -485,12 +484,12 @@ func acceptMembersSQL(where string) string {
 				updated_at = now()
 			FROM unnest($1::uuid[], $2::bool[], $3::bool[], $4::text[]) AS v (id, i, o, ks)
 				CROSS JOIN LATERAL (SELECT string_to_array(v.ks, ',') AS keys) AS acc
-			WHERE u.id = v.id AND u.id BETWEEN $5 AND $6 AND ` + where
+			WHERE u.id = v.id AND u.id = ANY($1) AND ` + where
 }
 
 // closeMembersSQL moves a closed report's pending members ($1) to $2 with
 // message $3. Planned for its ids (a custom plan), id = ANY($1) is pruned
-// to their partitions by itself, with no bounds (IDBounds).
+// to their partitions by itself.
 const closeMembersSQL = `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now()
 			WHERE id = ANY($1) AND billing_status = 'pending'`
 
