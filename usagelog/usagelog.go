@@ -330,7 +330,7 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int
 	// those this statement accepts (acc.keys), in one pass over a log's
 	// meter lines (see acceptMembersSQL).
 	var billed int64
-	for _, where := range []string{`u.billing_status <> 'pending'`, `u.billing_status = 'pending'`} {
+	for _, where := range []string{acceptUnderReview, acceptPending} {
 		tag, err := tx.Exec(ctx, acceptMembersSQL(where), ids, in, out, extra)
 		if err != nil {
 			return 0, fmt.Errorf("bill members: %w", err)
@@ -487,11 +487,27 @@ func acceptMembersSQL(where string) string {
 			WHERE u.id = v.id AND u.id = ANY($1) AND ` + where
 }
 
+// The members acceptMembersSQL bills: those under review (or failed)
+// first, then the pending. Each status test is written as a test of the
+// comparison (IS TRUE), not the comparison itself: "billing_status =
+// 'pending'" is the predicate of the partial index of pending logs, and
+// with the ids' condition beside it the planner, costing that index by
+// its size alone on a partition never analysed (11,068 rows estimated,
+// 3,392,305 read in the expiry run), ANDed a scan of the whole index with
+// the primary key's probes: 6,918 pages a call to update 1,000 logs,
+// 1.0 s against 0.3 s (docs/plans.md, "The bounds read the range
+// between them"). As a filter it costs one comparison a log.
+const (
+	acceptUnderReview = `(u.billing_status <> 'pending') IS TRUE`
+	acceptPending     = `(u.billing_status = 'pending') IS TRUE`
+)
+
 // closeMembersSQL moves a closed report's pending members ($1) to $2 with
 // message $3. Planned for its ids (a custom plan), id = ANY($1) is pruned
-// to their partitions by itself.
+// to their partitions by itself; the status is tested as acceptPending
+// is, for the same reason.
 const closeMembersSQL = `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now()
-			WHERE id = ANY($1) AND billing_status = 'pending'`
+			WHERE id = ANY($1) AND (billing_status = 'pending') IS TRUE`
 
 // tenantsPendingSinceSQL lists the tenants not suspended with a log
 // pending for longer than $1 seconds.
