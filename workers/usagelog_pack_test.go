@@ -15,11 +15,10 @@ import (
 
 	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/billingtest"
-	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/internal/testkit/retentiontest"
+	"github.com/overage-billing/overage/internal/testkit/worktest"
 	"github.com/overage-billing/overage/retention"
-	"github.com/overage-billing/overage/stripeclient"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
 	"github.com/overage-billing/overage/workers"
@@ -36,13 +35,11 @@ import (
 func TestPackingUnderIngestAndBilling(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := pgtest.NewPool(t)
+	w := worktest.New(t, worktest.Options{Emulator: emulator.Options{Seed: 6},
+		Tenants: []tenants.CreateParams{{Name: "alice", StripeCustomerID: "cus_alice"}}})
+	pool, alice := w.Pool, w.Tenants["cus_alice"]
 	jan := time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 	month := retentiontest.Replace(t, pool, jan, jan.AddDate(0, 1, 0))[0]
-	alice, err := tenants.NewStore(pool).Create(ctx, tenants.CreateParams{Name: "alice", StripeCustomerID: "cus_alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The month's logs: not billable (Stripe never saw them), one a
 	// millisecond from its first instant, each its request_id.
 	const seeded = 200_000
@@ -56,16 +53,6 @@ func TestPackingUnderIngestAndBilling(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	emu := emulator.New(emulator.Options{Seed: 6})
-	base, err := emu.Start("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emu.Close)
-	sc, err := stripeclient.New(stripeclient.Config{SecretKey: "sk_test_123", APIBase: base, RateLimit: 10000})
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv := apitest.StartWith(t, pool, "", apitest.Options{})
 	load := startMoveLoad(srv.URL, alice.APIKey, 4)
 	dups := startDuplicateLoad(t, srv.URL, alice.APIKey, seeded)
@@ -81,15 +68,8 @@ func TestPackingUnderIngestAndBilling(t *testing.T) {
 	// writes the month being ingested, not the packed one
 	// (TestPackingLetsTheMonthBeWritten has writes into a month while it
 	// is packed).
-	wk, err := workers.New(pool, workers.Config{Stripe: sc, SweepInterval: 500 * time.Millisecond, SweepGrace: time.Millisecond,
+	w.Start(t, workers.Config{SweepInterval: 500 * time.Millisecond, SweepGrace: time.Millisecond,
 		BatchDelay: 100 * time.Millisecond, Retention: 0})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- wk.Run(wctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 	before := load.count()
 	polltest.Until(t, "ingest after the pack", 60*time.Second, func() bool { return load.count() >= before+200 })
 	close(load.stop)
@@ -135,13 +115,10 @@ func TestPackingUnderIngestAndBilling(t *testing.T) {
 		}
 		return pending == 0
 	})
-	billed, err := billingtest.Billed(ctx, pool, billingtest.InputEvent, billingtest.OutputEvent, alice.ID.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := billingtest.Disagreement(emu, billed); d != "" {
-		t.Fatalf("Stripe and PostgreSQL disagree: %s", d)
-	}
+	// Stripe applied exactly what PostgreSQL billed, each event one
+	// accepted report.
+	billingtest.RequireStripeMatchesBilled(t, pool, w.Emu)
+	billed := billingtest.BilledTotals(t, pool)
 	if got := billed[emulator.AppliedKey{Customer: "cus_alice", EventName: billingtest.InputEvent}]; got != 7*int64(len(ids)) {
 		t.Errorf("input billed %d, want %d", got, 7*len(ids))
 	}
