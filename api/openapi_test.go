@@ -25,6 +25,7 @@ import (
 	"github.com/overage-billing/overage/ingest"
 	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
+	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/tenants"
 )
 
@@ -1103,9 +1104,27 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 				if ct := r.header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
 					t.Fatalf("Content-Type = %q, want text/plain", ct)
 				}
-				if !strings.Contains(string(r.body), "overage_pending_usage_logs") {
-					t.Fatalf("no backlog gauge in the exposition:\n%s", r.body)
-				}
+				// The gauges come from a read of PostgreSQL under a 5 s
+				// timeout, whose failure /metrics reports as
+				// overage_backlog_scrape_ok 0 for BacklogCacheTTL; on a
+				// loaded machine the first read can miss it, so the
+				// scrape is repeated until the gauge is there.
+				body := string(r.body)
+				polltest.Until(t, "the backlog gauge in /metrics", 60*time.Second, func() bool {
+					if strings.Contains(body, "overage_pending_usage_logs") {
+						return true
+					}
+					res, err := http.Get(f.srv.URL + "/metrics")
+					if err != nil {
+						return false
+					}
+					defer res.Body.Close()
+					b, err := io.ReadAll(res.Body)
+					if err == nil {
+						body = string(b)
+					}
+					return false
+				})
 			}},
 		{name: "401 River UI without token", status: 401, problem: "unauthorized", docRefuses: true,
 			req: func(f *fixture) call { return get("/riverui/", "") }},
