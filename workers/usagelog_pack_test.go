@@ -2,11 +2,7 @@ package workers_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -54,7 +50,7 @@ func TestPackingUnderIngestAndBilling(t *testing.T) {
 	}
 
 	srv := apitest.StartWith(t, pool, "", apitest.Options{})
-	load := startMoveLoad(srv.URL, alice.APIKey, 4)
+	load := startMoveLoad(t, srv.URL, alice.APIKey, 4)
 	dups := startDuplicateLoad(t, srv.URL, alice.APIKey, seeded)
 	polltest.Until(t, "ingest before the pack", 60*time.Second, func() bool { return load.count() >= 200 && dups.count() >= 20 })
 	start := time.Now()
@@ -140,31 +136,15 @@ type duplicateLoad struct {
 func startDuplicateLoad(t *testing.T, url, apiKey string, seeded int) *duplicateLoad {
 	t.Helper()
 	l := &duplicateLoad{stop: make(chan struct{})}
+	c := oneAttempt(t, url, apiKey)
 	check := func(n int) error {
 		rid := fmt.Sprintf("seed-%d", n)
-		body := fmt.Sprintf(`{"request_id":%q,"user_id":"u","model_id":"m","input_tokens":7,"output_tokens":3}`, rid)
-		req, err := http.NewRequest(http.MethodPost, url+"/v1/usage-events", strings.NewReader(body))
+		res, err := recordEvent(c, "dup-"+uuid.NewString(), rid)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", rid, err)
 		}
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-		req.Header.Set("Idempotency-Key", "dup-"+uuid.NewString())
-		req.Header.Set("Content-Type", "application/json")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		defer res.Body.Close()
-		b, err := io.ReadAll(res.Body)
-		if err != nil {
-			return err
-		}
-		var out struct {
-			RequestID string `json:"request_id"`
-			Duplicate bool   `json:"duplicate"`
-		}
-		if res.StatusCode != http.StatusOK || json.Unmarshal(b, &out) != nil || !out.Duplicate || out.RequestID != rid {
-			return fmt.Errorf("%s: status %d: %s", rid, res.StatusCode, b)
+		if !res.Duplicate || res.Log.RequestID == nil || *res.Log.RequestID != rid {
+			return fmt.Errorf("%s: not answered as its logged event's duplicate: %+v", rid, res.Log)
 		}
 		return nil
 	}

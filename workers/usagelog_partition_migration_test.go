@@ -2,19 +2,16 @@ package workers_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/testkit/apitest"
 	"github.com/overage-billing/overage/internal/testkit/billingtest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
@@ -26,6 +23,23 @@ import (
 	"github.com/overage-billing/overage/usagelog"
 	"github.com/overage-billing/overage/workers"
 )
+
+// oneAttempt is the Go client of the tenant apiKey making one attempt a
+// request: a load measuring failures must see each, not its retry.
+func oneAttempt(t *testing.T, url, apiKey string) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Config{BaseURL: url, APIKey: apiKey, MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// recordEvent records one single event under request_id rid and key.
+func recordEvent(c *client.Client, key, rid string) (*client.Result, error) {
+	return c.Record(context.Background(), client.UsageEvent{RequestID: rid, UserID: "u", ModelID: "m", InputTokens: 7, OutputTokens: 3},
+		&client.RecordOpts{IdempotencyKey: key})
+}
 
 // partitionMoveRows is how many usage logs the move test seeds before the
 // move: OVERAGE_PARTITION_MOVE_ROWS (20000000 for the issue's volume;
@@ -56,34 +70,18 @@ type moveLoad struct {
 	slowestAt time.Time
 }
 
-func startMoveLoad(url, apiKey string, clients int) *moveLoad {
+func startMoveLoad(t *testing.T, url, apiKey string, clients int) *moveLoad {
 	l := &moveLoad{stop: make(chan struct{}), ids: map[string]uuid.UUID{}}
+	c := oneAttempt(t, url, apiKey)
 	post := func(rid string) (uuid.UUID, error) {
-		body := fmt.Sprintf(`{"request_id":%q,"user_id":"u","model_id":"m","input_tokens":7,"output_tokens":3}`, rid)
-		req, err := http.NewRequest(http.MethodPost, url+"/v1/usage-events", strings.NewReader(body))
+		res, err := recordEvent(c, "k-"+rid, rid)
 		if err != nil {
 			return uuid.Nil, err
 		}
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-		req.Header.Set("Idempotency-Key", "k-"+rid)
-		req.Header.Set("Content-Type", "application/json")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return uuid.Nil, err
+		if res.Duplicate || res.Replayed {
+			return uuid.Nil, fmt.Errorf("%s answered as an earlier log's (%s)", rid, res.Log.ID)
 		}
-		defer res.Body.Close()
-		b, err := io.ReadAll(res.Body)
-		if err != nil {
-			return uuid.Nil, err
-		}
-		var out struct {
-			ID        uuid.UUID `json:"id"`
-			Duplicate bool      `json:"duplicate"`
-		}
-		if res.StatusCode != http.StatusAccepted || json.Unmarshal(b, &out) != nil || out.Duplicate {
-			return uuid.Nil, fmt.Errorf("status %d: %s", res.StatusCode, b)
-		}
-		return out.ID, nil
+		return uuid.Parse(res.Log.ID)
 	}
 	for c := range clients {
 		l.wg.Add(1)
@@ -180,7 +178,7 @@ func TestUsageLogsPartitionMoveUnderIngestAndBilling(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 	srv := apitest.StartWith(t, pool, "", apitest.Options{})
 
-	load := startMoveLoad(srv.URL, alice.APIKey, 4)
+	load := startMoveLoad(t, srv.URL, alice.APIKey, 4)
 	polltest.Until(t, "ingest before the move", 60*time.Second, func() bool { return load.count() >= 200 })
 	before := load.count()
 	t0 := time.Now()
