@@ -47,10 +47,7 @@ func TestBillingWritesArePlannedOnTheirIdsPartitionsOnly(t *testing.T) {
 			nulls := []*uuid.UUID{nil, nil}
 			return []any{ids, nulls, nulls, []*uuid.UUID{}, []int32{0, 0}, []int32{0, 0}, []string{"usage", "usage"}}
 		}},
-		{"accept members (pending)", acceptMembersSQL(acceptPending), func(ids []uuid.UUID) []any {
-			return []any{ids, []bool{true, true}, []bool{true, true}, []*string{nil, nil}}
-		}},
-		{"accept members (under review)", acceptMembersSQL(acceptUnderReview), func(ids []uuid.UUID) []any {
+		{"accept members", acceptMembersSQL, func(ids []uuid.UUID) []any {
 			return []any{ids, []bool{true, true}, []bool{true, true}, []*string{nil, nil}}
 		}},
 	}

@@ -269,11 +269,6 @@ func (s *Store) Accept(ctx context.Context, reports ...Report) (int64, error) {
 	return billed, nil
 }
 
-// acceptMembers stamps the accepted dimensions of the members (per
-// dimension, the member lists of its accepted reports) and bills those now
-// complete, one write per log. Logs under review go first, then pending
-// ones, so the counter rows are taken as (billed, needs_review) then
-// (billed, pending): sorted across the transaction.
 // acceptedMembers are the member lists of accepted reports, per meter.
 type acceptedMembers map[overage.Dimension][][]uuid.UUID
 
@@ -281,6 +276,15 @@ func (a acceptedMembers) add(meter overage.Dimension, members []uuid.UUID) {
 	a[meter] = append(a[meter], members)
 }
 
+// acceptMembers stamps the accepted dimensions of the members (per
+// dimension, the member lists of its accepted reports) and bills those now
+// complete, one write per log, in one statement whatever their status: its
+// counter triggers take the counter rows of every status it moves, sorted,
+// once (migration 0020). Two statements, the logs under review then the
+// pending ones, were the order of the per-row triggers before 0020; the
+// first found no log in almost every call and still probed every id, a
+// quarter of the acceptance's time (docs/benchmarks.md, "One acceptance
+// statement").
 func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int64, error) {
 	type flag struct {
 		in, out bool
@@ -329,15 +333,11 @@ func acceptMembers(ctx context.Context, tx pgx.Tx, members acceptedMembers) (int
 	// defaults by their columns, the others element by element, counting
 	// those this statement accepts (acc.keys), in one pass over a log's
 	// meter lines (see acceptMembersSQL).
-	var billed int64
-	for _, where := range []string{acceptUnderReview, acceptPending} {
-		tag, err := tx.Exec(ctx, acceptMembersSQL(where), ids, in, out, extra)
-		if err != nil {
-			return 0, fmt.Errorf("bill members: %w", err)
-		}
-		billed += tag.RowsAffected()
+	tag, err := tx.Exec(ctx, acceptMembersSQL, ids, in, out, extra)
+	if err != nil {
+		return 0, fmt.Errorf("bill members: %w", err)
 	}
-	return billed, nil
+	return tag.RowsAffected(), nil
 }
 
 // Fail marks an open report failed with Stripe's message, and its pending
@@ -456,7 +456,7 @@ const releaseSQL = `UPDATE usage_reports r SET lease_until = NULL
 		FROM unnest($1::uuid[], $2::text[]) AS v (lead, dim)
 		WHERE r.lead_usage_log_id = v.lead AND r.dimension = v.dim AND r.state = 'open'`
 
-// acceptMembersSQL stamps and bills the members matching where ($1 ids, $2
+// acceptMembersSQL stamps and bills the members ($1 ids, $2
 // and $3 input and output accepted, $4 each log's accepted lines of other
 // meters, their keys joined by commas, NULL for none; u.id = ANY($1)
 // prunes and probes as formMembershipSQL's does). One pass over a
@@ -464,7 +464,7 @@ const releaseSQL = `UPDATE usage_reports r SET lease_until = NULL
 // those lines are all accepted, and the completeness is decided once for
 // the three columns it sets, not per column (four scans of the lines a
 // log; docs/benchmarks.md, "Meters", has what that cost).
-func acceptMembersSQL(where string) string {
+var acceptMembersSQL = func() string {
 	done := `u.billing_status IN ('pending', 'needs_review')
 		AND (` + OverageInputSQL("u") + ` = 0 OR u.input_accepted_at IS NOT NULL OR v.i)
 		AND (` + OverageOutputSQL("u") + ` = 0 OR u.output_accepted_at IS NOT NULL OR v.o)
@@ -484,11 +484,12 @@ func acceptMembersSQL(where string) string {
 				updated_at = now()
 			FROM unnest($1::uuid[], $2::bool[], $3::bool[], $4::text[]) AS v (id, i, o, ks)
 				CROSS JOIN LATERAL (SELECT string_to_array(v.ks, ',') AS keys) AS acc
-			WHERE u.id = v.id AND u.id = ANY($1) AND ` + where
-}
+			WHERE u.id = v.id AND u.id = ANY($1)`
+}()
 
-// The members acceptMembersSQL bills: those under review (or failed)
-// first, then the pending. Each status test is written as a test of the
+// closeMembersSQL moves a closed report's pending members ($1) to $2 with
+// message $3. Planned for its ids (a custom plan), id = ANY($1) is pruned
+// to their partitions by itself; the status is tested as a test of the
 // comparison (IS TRUE), not the comparison itself: "billing_status =
 // 'pending'" is the predicate of the partial index of pending logs, and
 // with the ids' condition beside it the planner, costing that index by
@@ -497,15 +498,6 @@ func acceptMembersSQL(where string) string {
 // the primary key's probes: 6,918 pages a call to update 1,000 logs,
 // 1.0 s against 0.3 s (docs/plans.md, "The bounds read the range
 // between them"). As a filter it costs one comparison a log.
-const (
-	acceptUnderReview = `(u.billing_status <> 'pending') IS TRUE`
-	acceptPending     = `(u.billing_status = 'pending') IS TRUE`
-)
-
-// closeMembersSQL moves a closed report's pending members ($1) to $2 with
-// message $3. Planned for its ids (a custom plan), id = ANY($1) is pruned
-// to their partitions by itself; the status is tested as acceptPending
-// is, for the same reason.
 const closeMembersSQL = `UPDATE usage_logs SET billing_status = $2, billing_message = $3, updated_at = now()
 			WHERE id = ANY($1) AND (billing_status = 'pending') IS TRUE`
 

@@ -98,3 +98,74 @@ func TestConcurrentFormsNeverShareALog(t *testing.T) {
 		t.Fatalf("%d logs whose report columns disagree (%v)", unformed, err)
 	}
 }
+
+// One acceptance bills members of every status it finds in one statement:
+// here the members of a report the window guard parked while its send was
+// in flight (needs_review) and a pending report's, accepted together. Each
+// log is billed once, its message cleared, and the counters move from
+// both statuses to billed.
+func TestOneAcceptanceBillsPendingAndParkedMembers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := worktest.New(t, worktest.Options{Tenants: []tenants.CreateParams{{StripeCustomerID: "cus_mixed"}}})
+	tn := w.Tenants["cus_mixed"].ID
+	for i := range 4 {
+		worktest.Record(t, w.Ingest, tn, time.Now().Add(-time.Minute), int64(i+1), 2)
+	}
+	store := usagelog.New(w.Pool)
+	g := usagelog.GuardFor(24 * time.Hour)
+	p := usagelog.FormParams{TenantID: tn, MaxLogs: 2, Lease: time.Minute, Guard: g}
+	parked, err := store.Form(ctx, p)
+	if err != nil || len(parked) != 2 {
+		t.Fatalf("first form: %+v %v", parked, err)
+	}
+	pending, err := store.Form(ctx, p)
+	if err != nil || len(pending) != 2 {
+		t.Fatalf("second form: %+v %v", pending, err)
+	}
+	// The first reports' first send is a day old: past the guard.
+	if _, err := w.Pool.Exec(ctx, `UPDATE usage_reports SET first_attempt_at = now() - interval '25 hours'
+		WHERE lead_usage_log_id = $1`, parked[0].Lead); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := store.Park(ctx, parked[0], g); err != nil || n != 2 {
+		t.Fatalf("park: %d logs, %v", n, err)
+	}
+	counters := func() map[string]int64 {
+		t.Helper()
+		rows, err := w.Pool.Query(ctx, `SELECT billing_status, sum(usage_logs)::bigint FROM billing_counters
+			WHERE tenant_id = $1 GROUP BY 1 HAVING sum(usage_logs) <> 0`, tn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		m := map[string]int64{}
+		for rows.Next() {
+			var s string
+			var n int64
+			if err := rows.Scan(&s, &n); err != nil {
+				t.Fatal(err)
+			}
+			m[s] = n
+		}
+		return m
+	}
+	if c := counters(); c["needs_review"] != 2 || c["pending"] != 2 || len(c) != 2 {
+		t.Fatalf("counters before the acceptance: %v", c)
+	}
+	n, err := store.Accept(ctx, append(parked, pending...)...)
+	if err != nil || n != 4 {
+		t.Fatalf("accept: %d logs written, %v", n, err)
+	}
+	var billed, messages int
+	if err := w.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE billing_status = 'billed' AND billed_at IS NOT NULL),
+			count(billing_message) FROM usage_logs WHERE tenant_id = $1`, tn).Scan(&billed, &messages); err != nil {
+		t.Fatal(err)
+	}
+	if billed != 4 || messages != 0 {
+		t.Fatalf("%d of 4 logs billed, %d with a message", billed, messages)
+	}
+	if c := counters(); c["billed"] != 4 || len(c) != 1 {
+		t.Fatalf("counters after the acceptance: %v", c)
+	}
+}
