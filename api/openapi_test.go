@@ -1109,19 +1109,12 @@ func TestAPIConformsToOpenAPI(t *testing.T) {
 				// overage_backlog_scrape_ok 0 for BacklogCacheTTL; on a
 				// loaded machine the first read can miss it, so the
 				// scrape is repeated until the gauge is there.
-				body := string(r.body)
 				polltest.Until(t, "the backlog gauge in /metrics", 60*time.Second, func() bool {
-					if strings.Contains(body, "overage_pending_usage_logs") {
+					if strings.Contains(string(r.body), "overage_pending_usage_logs") {
 						return true
 					}
-					res, err := http.Get(f.srv.URL + "/metrics")
-					if err != nil {
-						return false
-					}
-					defer res.Body.Close()
-					b, err := io.ReadAll(res.Body)
-					if err == nil {
-						body = string(b)
+					if again, err := f.send(context.Background(), get("/metrics", "")); err == nil {
+						r = again
 					}
 					return false
 				})
