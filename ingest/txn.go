@@ -51,11 +51,10 @@ const lockTimeout = 10 * time.Second
 // beginSQL sets the transaction's settings (txSettingsSQL), names its slot
 // for the counter triggers (see slots.go), and tries each member's key
 // lock, in the members' order: one statement. $3 is the plan_cache_mode of
-// the transaction (empty: the session's): single events (one, or a
-// group) make the transaction's prepared statements use their generic
-// plan: they take arrays, for which PostgreSQL would otherwise plan every
-// execution anew (docs/ingest.md has the measurements). A batch keeps
-// plans made for its arrays.
+// the transaction (empty: the session's): the new events of readState
+// make the transaction's prepared statements use their generic plan:
+// they take arrays, for which PostgreSQL would otherwise plan every
+// execution anew (docs/benchmarks.md, "Measurements behind the code").
 var beginSQL = `SELECT ` + txSettingsSQL + `,
 	set_config('plan_cache_mode', coalesce(nullif($3::text, ''), current_setting('plan_cache_mode')), true),
 	set_config('overage.slot', $1::int::text, true),
