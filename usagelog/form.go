@@ -83,11 +83,15 @@ type groupKey struct {
 func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 	var out []Report
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := planSettings(ctx, tx); err != nil {
+		customPlans, err := indexPlans(ctx, tx)
+		if err != nil {
 			return err
 		}
 		cands, err := lockCandidates(ctx, tx, p.TenantID, p.MaxLogs)
 		if err != nil || len(cands) == 0 {
+			return err
+		}
+		if err := customPlans(); err != nil {
 			return err
 		}
 		now, closed, err := closedPeriods(ctx, tx, p, cands)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
@@ -23,8 +24,8 @@ func planLead(g int) string { return fmt.Sprintf("00000000-0000-4000-9000-%012x"
 // the tables were empty (never analysed) or tiny (analysed at 5 rows) is
 // used on 50,000 logs and reports of the tenant, of which the answer is
 // one or two, and must still read a handful of pages. Each statement runs
-// as its code runs it, after the transaction's planSettingsSQL where the
-// code sets it. The membership update run without the settings (the
+// as its code runs it, after the transaction's planSettingsSQL or
+// indexPlansSQL where the code sets them. The membership update run without the settings (the
 // statement as it was) reads the whole table once its plan was made
 // small, so the measure can fail.
 func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
@@ -39,7 +40,7 @@ func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 	}
 	missing := "00000000-0000-4000-8000-0000000fffff"
 	probes := []pgtest.Probe{
-		{Name: "lock candidates", SQL: lockCandidatesSQL, Args: fmt.Sprintf("('%s', 100)", planTenant), Settings: planSettingsSQL},
+		{Name: "lock candidates", SQL: lockCandidatesSQL, Args: fmt.Sprintf("('%s', 100)", planTenant), Settings: indexPlansSQL},
 		{Name: "form membership", SQL: formMembershipSQL, Settings: planSettingsSQL,
 			Args: fmt.Sprintf("(ARRAY['%s', '%s']::uuid[], ARRAY['%s', NULL]::uuid[], '{NULL,NULL}', '{}', '{0,0}', '{0,0}', '{usage,usage}')", planLog(1), missing, planLog(1))},
 		{Name: "accept members (a pending log)", SQL: acceptMembersSQL, Settings: planSettingsSQL,
@@ -53,7 +54,7 @@ func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 		{Name: "resolve logs", SQL: resolveLogsSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("(%s, 'billed', 'x')", ids(2))},
 		{Name: "release", SQL: releaseSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('{%s}', '{input}')", planLead(3))},
 		{Name: "tenants pending since", SQL: tenantsPendingSinceSQL, Args: "(0)"},
-		{Name: "claim", SQL: claimSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('%s', 60, 100, 60)", planTenant)},
+		{Name: "claim", SQL: claimSQL, Settings: indexPlansSQL, Args: fmt.Sprintf("('%s', 60, 100, 60)", planTenant)},
 		{Name: "held for", SQL: heldForSQL, Settings: planSettingsSQL, Args: fmt.Sprintf("('%s')", planTenant)},
 		{Name: "expired reports", SQL: expiredReportsSQL, Settings: planSettingsSQL, Args: "(100, 60)"},
 		{Name: "backlog", SQL: backlogSQL, Settings: backlogSettingsSQL},
@@ -148,5 +149,49 @@ func seedPlanLogs(t *testing.T, pool *pgxpool.Pool, from, to int) {
 			CASE WHEN g > 3 THEN now() END
 		FROM generate_series(greatest($2::int, 2), $3::int) g`, planTenant, from, to); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// indexPlans gives the walk generic plans over index scans only, and
+// customPlans the statements after it custom plans and the scans as they
+// were before: a session that had bitmap scans off keeps them off.
+func TestIndexPlansThenCustomPlansRestoreTheScans(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pgtest.NewPool(t)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SET enable_bitmapscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	settings := func(tx pgx.Tx) [3]string {
+		t.Helper()
+		var s [3]string
+		if err := tx.QueryRow(ctx, `SELECT current_setting('plan_cache_mode'), current_setting('enable_seqscan'),
+				current_setting('enable_bitmapscan')`).Scan(&s[0], &s[1], &s[2]); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	customPlans, err := indexPlans(ctx, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := settings(tx), [3]string{"force_generic_plan", "off", "off"}; got != want {
+		t.Errorf("for the walk: %v, want %v", got, want)
+	}
+	if err := customPlans(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := settings(tx), [3]string{"force_custom_plan", "on", "off"}; got != want {
+		t.Errorf("after the walk: %v, want %v", got, want)
 	}
 }
