@@ -107,12 +107,11 @@ func readState(ctx context.Context, tx *pipeTx, g *group, slot int16, cat *overa
 			return nil, err
 		}
 	}
-	st.periods = make([]time.Time, 0, len(g.events))
-	if err := st.scanPeriods(br.Query()); err != nil {
+	st.periods = make([]time.Time, len(g.events))
+	if n, err := st.scanPeriods(br.Query()); err != nil {
 		return nil, err
-	}
-	if len(st.periods) != len(g.events) {
-		return nil, fmt.Errorf("read allowance periods: %d periods for %d events", len(st.periods), len(g.events))
+	} else if n != len(g.events) {
+		return nil, fmt.Errorf("read allowance periods: %d periods for %d events", n, len(g.events))
 	}
 	if st.extraRead {
 		if err := st.scanExtraTotals(br.Query()); err != nil {
@@ -141,43 +140,47 @@ func (st *state) scanEarlier(rows pgx.Rows, err error) error {
 	return nil
 }
 
-// scanPeriods reads the rows of periodsSQL: each event's period, each
-// period's total and whether it is closed, the tenant's allowances, the
-// catalog version and now().
-func (st *state) scanPeriods(rows pgx.Rows, err error) error {
+// scanPeriods reads the rows of periodsSQL, a row a period: its events'
+// periods into st.periods (made as long as the events), each period's
+// total and whether it is closed, the tenant's allowances, the catalog
+// version and now(). n is how many events it gave a period.
+func (st *state) scanPeriods(rows pgx.Rows, err error) (n int, _ error) {
 	if err != nil {
-		return fmt.Errorf("read allowance periods: %w", err)
+		return 0, fmt.Errorf("read allowance periods: %w", err)
 	}
 	defer rows.Close()
-	// One row an event, but as many totals as periods: scanned into the
-	// same variables, copied once a period.
 	var start time.Time
 	var tot overage.Overage
 	var version *int64
 	var included map[string]int64
 	var closed bool
+	var events []int32
 	for rows.Next() {
 		if err := rows.Scan(&start, &tot.InputTokens, &tot.OutputTokens,
-			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now, &included, &version, &closed); err != nil {
-			return fmt.Errorf("read allowance periods: %w", err)
+			&st.allowance.InputTokens, &st.allowance.OutputTokens, &st.now, &included, &version, &closed, &events); err != nil {
+			return 0, fmt.Errorf("read allowance periods: %w", err)
 		}
 		start, st.now = start.UTC(), st.now.UTC()
 		if version != nil {
-			st.catalogVersion, st.included, version = *version, included, nil
+			st.catalogVersion, st.included = *version, included
 		}
-		st.periods = append(st.periods, start)
+		for _, e := range events {
+			if e < 1 || int(e) > len(st.periods) || !st.periods[e-1].IsZero() {
+				return 0, fmt.Errorf("read allowance periods: event %d of %d given twice or out of range", e, len(st.periods))
+			}
+			st.periods[e-1] = start
+		}
+		n += len(events)
 		if closed {
 			st.closed[start] = true
 		}
-		if _, ok := st.totals[start]; !ok {
-			t := tot
-			st.totals[start] = &t
-		}
+		t := tot
+		st.totals[start] = &t
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("read allowance periods: %w", err)
+		return 0, fmt.Errorf("read allowance periods: %w", err)
 	}
-	return nil
+	return n, nil
 }
 
 // scanExtraTotals reads the rows of extraTotalsSQL (or the re-read after
