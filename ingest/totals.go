@@ -24,12 +24,11 @@ var closedStartSQL = usagelog.PeriodClosedSQL("$1", "d.start", "$3")
 
 // periodsSQL reads the period of each event of the tenant $1 ($2 their
 // timestamps), each period's totals and whether it is closed, the
-// tenant's allowances, the catalog version and now(). It answers one row
-// a period, with the events in it by their
-// 1-based positions in $2, not one row an event: a batch's 1,000 rows,
-// each repeating its period's totals, took more of the statement's time
-// than computing them (4.9 ms against 3.4 for 1,000 events of one month;
-// docs/benchmarks.md, "A row a period").
+// tenant's allowances, the catalog version and now(). It answers a row a
+// period, with the events in it by their 1-based positions in $2, not a
+// row an event: a batch's 1,000 rows, each repeating its period's totals,
+// cost more than computing them (4.9 ms against 3.4 for 1,000 events of
+// one month; docs/benchmarks.md, "A row a period").
 var periodsSQL = `
 	WITH ev AS (
 		SELECT e.ts, e.ord FROM unnest($2::timestamptz[]) WITH ORDINALITY AS e (ts, ord)

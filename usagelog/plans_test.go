@@ -25,9 +25,9 @@ func planLead(g int) string { return fmt.Sprintf("00000000-0000-4000-9000-%012x"
 // used on 50,000 logs and reports of the tenant, of which the answer is
 // one or two, and must still read a handful of pages. Each statement runs
 // as its code runs it, after the transaction's planSettingsSQL or
-// indexPlansSQL where the code sets them. The membership update run without the settings (the
-// statement as it was) reads the whole table once its plan was made
-// small, so the measure can fail.
+// indexPlansSQL where the code sets them. The membership update run
+// without the settings (the statement as it was) reads the whole table
+// once its plan was made small, so the measure can fail.
 func TestReportStatementsReadOnlyWhatTheyAnswerAtAnyStatistics(t *testing.T) {
 	t.Parallel()
 	const grown = 50_000
