@@ -18,8 +18,10 @@
 # VOLUME_SEED_ONLY=1 seeds ${BENCH_DB}_vol and stops, keeping it;
 # VOLUME_REUSE=1 then runs the loads on it instead of seeding anew (the
 # seed takes 15-25 minutes here), and only if its seed finished (a
-# comment on the database says so). The server's memory, WAL and
-# autovacuum settings are printed first: at volume they decide the ratio
+# comment on the database says so). VOLUME_PACK=0 skips the retention
+# run that packs the seeded month, as work's daily run would. The
+# server's memory, WAL and autovacuum settings are printed first: at
+# volume they decide the ratio
 # (docs/limits.md, "PostgreSQL at volume"). The
 # volume runs are ordered empty, seeded (singles), seeded, empty (batches),
 # each pair back to back, so a load that drifts on a shared machine moves
@@ -130,7 +132,7 @@ echo "== volume: ${VOLUME_SECONDS}s each, empty tables, then $VOLUME_LOGS logs a
 psql -qtA "$PGHOST_URL" -c "SELECT 'server: ' || string_agg(name || '=' || current_setting(name), ' ' ORDER BY name) FROM unnest(ARRAY['shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_compression', 'autovacuum']) name"
 VOL_DB=${BENCH_DB}_vol
 VOL_URL=$(db_url $VOL_DB)
-SEEDED="seeded $VOLUME_LOGS logs at $VOLUME_SEED_AT and $VOLUME_KEYS keys"
+SEEDED="seeded $VOLUME_LOGS logs at $VOLUME_SEED_AT and $VOLUME_KEYS keys, pack ${VOLUME_PACK:-1}"
 if [ -n "${VOLUME_REUSE:-}" ] && [ "$(psql -qtA "$PGHOST_URL" -c "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = '$VOL_DB'")" = "$SEEDED" ]; then
   ./bin/overage migrate --database-url "$VOL_URL" >/dev/null 2>&1
   echo "reusing $VOL_DB ($SEEDED)"
@@ -152,6 +154,14 @@ INSERT INTO idempotency_keys (tenant_id, idempotency_key, fingerprint, response_
 SELECT '00000000-0000-0000-0000-000000000001', 'seed-' || g, '\x00', 202, '\x7b7d', now() + (g % 86000) * interval '1 second'
 FROM generate_series(1, $VOLUME_KEYS) g;
 SQL
+# The seeded month is over and billed: the daily retention run of
+# `overage work` packs its indexes (docs/retention.md, "Packing a month
+# that is over") a day after the month ends, so a deployment's past
+# months are packed. VOLUME_PACK=0 leaves it as the seed wrote it.
+if [ "${VOLUME_PACK:-1}" != 0 ]; then
+  echo "retention on $VOL_DB, as work's daily run: $(date -u +%T)"
+  ./bin/overage retention --database-url "$VOL_URL" 2>&1 | sed 's/^/  /'
+fi
 echo "COMMENT ON DATABASE $VOL_DB IS :'seeded'" | psql -q "$PGHOST_URL" -v seeded="$SEEDED"
 echo "seeded: $(date -u +%T), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 [ -n "${VOLUME_SEED_ONLY:-}" ] && exit 0
