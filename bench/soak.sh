@@ -157,7 +157,8 @@ SQL
 # The seeded month is over and billed: the daily retention run of
 # `overage work` packs its indexes (docs/retention.md, "Packing a month
 # that is over") a day after the month ends, so a deployment's past
-# months are packed. VOLUME_PACK=0 leaves it as the seed wrote it.
+# months are packed (on a month's first day it packs nothing yet, and the
+# table it prints says so). VOLUME_PACK=0 leaves it as the seed wrote it.
 if [ "${VOLUME_PACK:-1}" != 0 ]; then
   echo "retention on $VOL_DB, as work's daily run: $(date -u +%T)"
   ./bin/overage retention --database-url "$VOL_URL" 2>&1 | sed 's/^/  /'
