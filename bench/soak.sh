@@ -181,10 +181,10 @@ fi
 # is made before the first load: DROP DATABASE forces an immediate
 # checkpoint, after which the first change of every page of the seeded
 # database writes it whole into the WAL while the empty one, newer than
-# the checkpoint, writes none; dropped between the loads it made the
-# harness, not the volume, decide the seeded windows (docs/benchmarks.md,
-# "The volume run diagnosed"). Checkpoints now come as in a deployment,
-# every checkpoint_timeout or max_wal_size.
+# the checkpoint, writes none; empty databases dropped and made between
+# the loads let the harness, not the volume, decide the seeded windows
+# (docs/benchmarks.md, "The volume run diagnosed"). Checkpoints come as
+# in a deployment, every checkpoint_timeout or max_wal_size.
 EMPTY_URL=$(db_url ${BENCH_DB}_empty)
 fresh ${BENCH_DB}_empty
 ckpt() { psql -qtA "$PGHOST_URL" -c "SELECT 'checkpoints so far: ' || checkpoints_timed || ' timed, ' || checkpoints_req || ' requested' FROM pg_stat_bgwriter"; }
@@ -206,8 +206,9 @@ for kind in ("single", "batch"):
     v = sum(rate(f"volume_{kind}_{i}") for i in (1, 2))
     print(f"volume {kind}: {v / 2:.0f} events/s at volume against {e / 2:.0f} on empty tables (A B B A): ratio {v / max(e, 1):.2f}")
 PY
-# Bytes per event of each kind are the soak's (above): the volume run's
-# empty database holds both kinds.
+# Bytes per event of each kind are the soak's, which runs each kind on a
+# fresh database (VOLUME_ONLY=1 skips it): the volume run's empty
+# database holds both kinds.
 # A seeded database the loads have written to is not reused.
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" -c "DROP DATABASE IF EXISTS $VOL_DB WITH (FORCE)"
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_empty WITH (FORCE)"
