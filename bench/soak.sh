@@ -176,8 +176,9 @@ fi
 # first batch window), and each side's current month has grown alike by
 # its start. Empty windows on a database of their own each would compare
 # a seeded month holding the earlier windows' millions of logs with one
-# holding none: a month's own growth costs batches about 10% over four
-# minutes (docs/benchmarks.md, "A side's own writes"). The empty database
+# holding none: a month's own growth cost batches about 10% over four
+# minutes with 128 MB of shared_buffers (docs/benchmarks.md, "A side's
+# own writes"). The empty database
 # is made before the first load: DROP DATABASE forces an immediate
 # checkpoint, after which the first change of every page of the seeded
 # database writes it whole into the WAL while the empty one, newer than
