@@ -6,7 +6,10 @@
 #            events of 100 tenants from 8 clients, each for SOAK_SECONDS
 #            (600), events/s and p99 per 30 s window; the single events'
 #            rate against ref_single.pgbench (32 clients) run right after,
-#            on its own fresh database, for 60 s;
+#            on its own fresh database, for 60 s; then ref_batch.pgbench (8
+#            clients) for SOAK_SECONDS on its own fresh database, per 30 s
+#            window: how far PostgreSQL's floor itself falls as its tables
+#            grow, beside the batches' fall;
 #   volume:  the same two loads for VOLUME_SECONDS (120) after seeding
 #            VOLUME_LOGS (20,000,000) billed usage logs over the 100 tenants
 #            and VOLUME_KEYS (10,000,000) live idempotency records of the
@@ -117,14 +120,40 @@ fresh; serve; batch soak_batch "$SOAK_SECONDS"; stop
 n=$(psql -qtA "$URL" -c "SELECT count(*) FROM usage_logs")
 echo "storage after $n batched events (bytes per event):"
 size batch usage_logs "$n"; size batch idempotency_keys "$n"; size batch river_job "$n"
-psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_ref"
-psql -q "$REF_URL" -f bench/reference.sql
+nbatch=$n
+# The floor's own fall: ref_batch.pgbench (1,000 events a transaction,
+# bench/reference.sql: no product, two unique indexes) from 8 clients on a
+# fresh database for as long, its rate per 30 s window. It writes faster
+# than the product, so its fall is also read at the window where it holds
+# as many logs as the product's batches left.
+fresh_ref() {
+  psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_ref"
+  psql -q "$REF_URL" -f bench/reference.sql
+}
+# The single events' reference first, right after the product's loads as
+# before ref_batch.pgbench was added.
+fresh_ref
 tps=$(pgbench -n -c 32 -j 2 -T 60 -f bench/ref_single.pgbench "$REF_URL" 2>&1 | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | tail -1)
+fresh_ref
+pgbench -n -c 8 -j 2 -T "$SOAK_SECONDS" -P 30 -f bench/ref_batch.pgbench "$REF_URL" > "/tmp/$BENCH_DB.ref_batch.txt" 2>&1 || true
 windows $BENCH_DB.soak_single $BENCH_DB.soak_batch
 python3 - "$tps" "/tmp/$BENCH_DB.soak_single.json" <<'PY'
 import json, sys
 tps, r = float(sys.argv[1]), json.load(open(sys.argv[2]))
 print(f"single events over the soak {r['events_per_s']:.0f}/s against ref_single.pgbench {tps:.0f}/s: ratio {r['events_per_s'] / tps:.2f}")
+PY
+python3 - "/tmp/$BENCH_DB.ref_batch.txt" "$nbatch" <<'PY'
+import re, sys
+w = [float(x) * 1000 for x in re.findall(r"^progress: [0-9.]+ s, ([0-9.]+) tps", open(sys.argv[1]).read(), re.M)] or [0]
+logs, at, total = int(sys.argv[2]), len(w) - 1, 0
+for i, r in enumerate(w):
+    total += r * 30
+    if total >= logs:
+        at = i
+        break
+print(f"ref_batch.pgbench events/s {sum(w) / len(w):8.0f}  first 30 s {w[0]:7.0f}  last 30 s {w[-1]:7.0f}  last/first {w[-1] / max(w[0], 1):.2f}")
+print(f"  at the batches' {logs} logs (window {at + 1}): {w[at]:.0f} events/s, {w[at] / max(w[0], 1):.2f} of its first")
+print("  per window (events/s): " + ", ".join(f"{x:.0f}" for x in w))
 PY
 psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)"
 fi
