@@ -53,10 +53,12 @@ go build -o bin/ingestload ./bench/ingestload
 # Always built: a binary left in bin/ by an older checkout would be measured instead.
 go build -o bin/overage ./cmd/overage
 
+# recreate DB: drop (a checkpoint, when DB exists) and create DB.
+recreate() { psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1"; }
 # fresh [DB]: drop, create and migrate DB ($BENCH_DB), with the bench tenants.
 fresh() {
   local db=${1:-$BENCH_DB}
-  psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
+  recreate "$db"
   ./bin/overage migrate --database-url "$(db_url "$db")" >/dev/null 2>&1
   psql -q "$(db_url "$db")" -f bench/setup.sql
 }
@@ -121,19 +123,18 @@ n=$(psql -qtA "$URL" -c "SELECT count(*) FROM usage_logs")
 echo "storage after $n batched events (bytes per event):"
 size batch usage_logs "$n"; size batch idempotency_keys "$n"; size batch river_job "$n"
 nbatch=$n
-# The floor's own fall: ref_batch.pgbench (1,000 events a transaction,
-# bench/reference.sql: no product, two unique indexes) from 8 clients on a
-# fresh database for as long, its rate per 30 s window. It writes faster
-# than the product, so its fall is also read at the window where it holds
-# as many logs as the product's batches left.
-fresh_ref() {
-  psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS ${BENCH_DB}_ref WITH (FORCE)" -c "CREATE DATABASE ${BENCH_DB}_ref"
-  psql -q "$REF_URL" -f bench/reference.sql
-}
-# The single events' reference first, right after the product's loads as
-# before ref_batch.pgbench was added.
+fresh_ref() { recreate ${BENCH_DB}_ref; psql -q "$REF_URL" -f bench/reference.sql; }
 fresh_ref
 tps=$(pgbench -n -c 32 -j 2 -T 60 -f bench/ref_single.pgbench "$REF_URL" 2>&1 | sed -n 's/^tps = \([0-9.]*\) .*/\1/p' | tail -1)
+# The floor's own fall: ref_batch.pgbench (1,000 events a transaction,
+# bench/reference.sql: no product, two unique indexes) from 8 clients on a
+# fresh database for as long as the product's batches, its rate per 30 s
+# window. Dropping ref_single's database forces a checkpoint just before
+# it, as dropping the singles' one did before the product's batches;
+# otherwise the batches' gigabytes of WAL bring one into its first
+# minutes, and full-page images, not its tables, decide its fall. It
+# writes faster than the product, so its fall is also read at the window
+# where it holds as many logs as the product's batches left.
 fresh_ref
 pgbench -n -c 8 -j 2 -T "$SOAK_SECONDS" -P 30 -f bench/ref_batch.pgbench "$REF_URL" > "/tmp/$BENCH_DB.ref_batch.txt" 2>&1 || true
 windows $BENCH_DB.soak_single $BENCH_DB.soak_batch
@@ -144,6 +145,7 @@ print(f"single events over the soak {r['events_per_s']:.0f}/s against ref_single
 PY
 python3 - "/tmp/$BENCH_DB.ref_batch.txt" "$nbatch" <<'PY'
 import re, sys
+# pgbench -P 30: a progress line each 30 s, its tps of 1,000-event transactions.
 w = [float(x) * 1000 for x in re.findall(r"^progress: [0-9.]+ s, ([0-9.]+) tps", open(sys.argv[1]).read(), re.M)] or [0]
 logs, at, total = int(sys.argv[2]), len(w) - 1, 0
 for i, r in enumerate(w):
