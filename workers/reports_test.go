@@ -164,14 +164,27 @@ func TestLogsArrivingWhileAReportIsInFlightGoToTheNextReport(t *testing.T) {
 	for _, id := range append(first, later...) {
 		b.waitStatus(t, id, overage.BillingStatusBilled, 20*time.Second)
 	}
+	// The later logs are usually one report; two when a batch period
+	// (200 ms here) ends between their two transactions, as it may on a
+	// loaded machine. Either way none joins the report in flight.
+	reports := 0
 	for _, d := range overage.Dimensions {
-		a, n := b.reportOf(t, first[0], d), b.reportOf(t, later[0], d)
-		if !slices.Equal(a.members, first) || !slices.Equal(n.members, later) || a.lead == n.lead {
-			t.Fatalf("%s: first report %+v, next %+v", d, a, n)
+		a := b.reportOf(t, first[0], d)
+		if !slices.Equal(a.members, first) {
+			t.Fatalf("%s: first report %+v, want only the first logs", d, a)
 		}
+		leads := map[uuid.UUID]bool{a.lead: true}
+		for _, id := range later {
+			n := b.reportOf(t, id, d)
+			if n.lead == a.lead || slices.ContainsFunc(n.members, func(m uuid.UUID) bool { return slices.Contains(first, m) }) {
+				t.Fatalf("%s: first report %+v, later log's %+v", d, a, n)
+			}
+			leads[n.lead] = true
+		}
+		reports += len(leads)
 	}
-	if n := len(b.Emu.Requests()); n != 4 {
-		t.Fatalf("%d calls, want 2 reports x 2 dimensions", n)
+	if n := len(b.Emu.Requests()); n != reports {
+		t.Fatalf("%d calls, want one for each of the %d reports", n, reports)
 	}
 	requireAppliedEqualsBilled(t, b)
 }
