@@ -67,9 +67,13 @@ func TestRetriesTenantBusy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Bounded, so that a client that never gets through fails the test
+	// rather than hang it.
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	done := make(chan recorded, 1)
 	go func() {
-		res, err := c.Record(ctx, ev, nil)
+		res, err := c.Record(rctx, ev, nil)
 		done <- recorded{res, err}
 	}()
 	// At least one refusal, not exactly one: the client retries every
