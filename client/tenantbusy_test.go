@@ -2,7 +2,6 @@ package client_test
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/overage-billing/overage/client"
 	"github.com/overage-billing/overage/internal/testkit/apitest"
+	"github.com/overage-billing/overage/internal/testkit/metricstest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 )
@@ -79,20 +79,9 @@ func TestRetriesTenantBusy(t *testing.T) {
 	// At least one refusal, not exactly one: the client retries every
 	// second, and a poll that looked for "1" could miss its second.
 	polltest.Until(t, "the client to be refused as tenant-busy", 30*time.Second, func() bool {
-		res, err := http.Get(srv.URL + "/metrics")
-		if err != nil {
-			return false
-		}
-		defer res.Body.Close()
-		body, _ := io.ReadAll(res.Body)
-		const series = `overage_ingest_requests_total{outcome="tenant_busy"} `
-		for _, line := range strings.Split(string(body), "\n") {
-			if v, ok := strings.CutPrefix(line, series); ok {
-				n, err := strconv.ParseFloat(v, 64)
-				return err == nil && n >= 1
-			}
-		}
-		return false
+		v, _ := metricstest.Value(http.DefaultClient, srv.URL+"/metrics", `overage_ingest_requests_total{outcome="tenant_busy"}`)
+		n, err := strconv.ParseFloat(v, 64)
+		return err == nil && n >= 1
 	})
 	if err := lock.Rollback(ctx); err != nil {
 		t.Fatal(err)

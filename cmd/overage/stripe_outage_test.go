@@ -3,12 +3,12 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/overage-billing/overage/internal/testkit/billingtest"
+	"github.com/overage-billing/overage/internal/testkit/metricstest"
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
 	"github.com/overage-billing/overage/internal/testkit/polltest"
 	"github.com/overage-billing/overage/stripeclient/emulator"
@@ -49,18 +49,8 @@ func TestStripeDownForHours(t *testing.T) {
 		"SWEEP_INTERVAL=1s", "SWEEP_GRACE=1s", "REPORT_JOB_TIMEOUT=3s", "REPORT_MAX_ATTEMPTS=2", "REPORT_WORKERS=8")
 	workAddr := loggedAddr(t, work.stderr, "work health and metrics")
 	metric := func(name string) string {
-		res, err := httpClient.Get("http://" + workAddr + "/metrics")
-		if err != nil {
-			return ""
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				return v
-			}
-		}
-		return ""
+		v, _ := metricstest.Value(httpClient, "http://"+workAddr+"/metrics", name)
+		return v
 	}
 	polltest.Until(t, "every early log tried", 30*time.Second, func() bool {
 		return w.count(t, "SELECT count(*) FROM usage_logs WHERE first_attempt_at IS NULL") == 0

@@ -4,6 +4,6 @@
 // flaky HTTP proxy, a goroutine-safe buffer, a throwaway PostgreSQL in
 // Docker, the installer of the commands some tests need, and the test
 // servers, worlds and waits with a `test` suffix (apitest, worktest,
-// billingtest, pgtest, polltest) and jsonvalue, the fuzz targets' oracle
-// of JSON equality.
+// billingtest, pgtest, polltest, metricstest) and jsonvalue, the fuzz
+// targets' oracle of JSON equality.
 package testkit
