@@ -73,11 +73,14 @@ type Decision struct {
 	// IndexBytes is the size of its indexes (both tables) before and
 	// after this run packed them.
 	IndexBytes *[2]int64 `json:"index_bytes,omitempty"`
+	// HeapBytes is the size of its logs' heap before and after this run
+	// rewrote it.
+	HeapBytes *[2]int64 `json:"heap_bytes,omitempty"`
 }
 
-// Packing is where a kept partition stands in its packing: its indexes
-// rebuilt full, once, when its month is over and none of its logs is
-// pending (usagelog.PackPartition).
+// Packing is where a kept partition stands in its packing: its logs'
+// heap rewritten and its indexes rebuilt full, once, when its month is
+// over and none of its logs is pending (usagelog.PackPartition).
 type Packing string
 
 const (
@@ -313,8 +316,11 @@ func pack(ctx context.Context, conn *pgxpool.Conn, cfg Config, p Partition, now 
 		return fmt.Errorf("retention of %s: %w", p.Name, err)
 	}
 	cfg.Logger.InfoContext(ctx, "usage log partition packed", "partition", p.Name, "reports_partition", p.Reports,
-		"index_bytes_before", done.IndexBytesBefore, "index_bytes_after", done.IndexBytesAfter, "took", time.Since(start))
-	d.Indexes, d.PackedAt, d.IndexBytes = PackingPacked, &done.PackedAt, &[2]int64{done.IndexBytesBefore, done.IndexBytesAfter}
+		"index_bytes_before", done.IndexBytesBefore, "index_bytes_after", done.IndexBytesAfter,
+		"heap_bytes_before", done.HeapBytesBefore, "heap_bytes_after", done.HeapBytesAfter, "took", time.Since(start))
+	d.Indexes, d.PackedAt = PackingPacked, &done.PackedAt
+	d.IndexBytes = &[2]int64{done.IndexBytesBefore, done.IndexBytesAfter}
+	d.HeapBytes = &[2]int64{done.HeapBytesBefore, done.HeapBytesAfter}
 	return nil
 }
 

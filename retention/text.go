@@ -29,7 +29,11 @@ func indexesText(d Decision, dryRun bool) string {
 		return "would pack"
 	case PackingPacked:
 		if b := d.IndexBytes; b != nil {
-			return fmt.Sprintf("packed now, %s to %s", megabytes(b[0]), megabytes(b[1]))
+			s := fmt.Sprintf("packed now, %s to %s", megabytes(b[0]), megabytes(b[1]))
+			if h := d.HeapBytes; h != nil {
+				s += fmt.Sprintf(" (heap %s to %s)", megabytes(h[0]), megabytes(h[1]))
+			}
+			return s
 		}
 		return "packed " + d.PackedAt.UTC().Format(time.DateOnly)
 	}
