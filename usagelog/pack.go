@@ -21,8 +21,9 @@ import (
 // page has no room for the first's new version), so each adds an entry
 // to every index, and leaves a dead version in the heap. VACUUM frees
 // those into space that only that month's later logs could reuse: a
-// month billed as it is written keeps about a third of its heap empty
-// (docs/benchmarks.md, "A billed month over 20 minutes instead of 5").
+// month billed as it is written keeps a fifth of its heap empty, a
+// backlog billed at once three fifths (docs/benchmarks.md, "A billed
+// month's heap rewritten").
 // Once no log is minted in the month's range and none of its logs is
 // pending, nothing but the rare late change (a review's resolution)
 // writes to it again, so it is rewritten once: its logs copied, in id

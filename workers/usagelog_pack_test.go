@@ -24,10 +24,10 @@ import (
 // the tenant's single events from four clients, and a fifth client keeps
 // sending request_ids of the packed month: no request fails; every one of
 // those is answered as the duplicate of its logged event, during the
-// rebuild of the month's request_id index too (ingest's request_id
-// lookups read every partition); then `work` bills, its own retention
-// finds the month packed, and every new event is one log, billed exactly
-// once.
+// month's copy and its swap too (ingest's request_id lookups read every
+// partition, and wait for the swap's lock of usage_logs); then `work`
+// bills, its own retention finds the month packed, and every new event
+// is one log, billed exactly once.
 func TestPackingUnderIngestAndBilling(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -79,12 +79,12 @@ func TestPackingUnderIngestAndBilling(t *testing.T) {
 			d = x
 		}
 	}
-	if d.Indexes != retention.PackingPacked || d.IndexBytes == nil {
+	if d.Indexes != retention.PackingPacked || d.IndexBytes == nil || d.HeapBytes == nil {
 		t.Fatalf("%s not packed by the run: %+v", month, d)
 	}
 	during := dups.between(start, end)
-	t.Logf("the pack took %v (indexes %v bytes); %d events recorded, %d duplicates answered, %d of them during the pack; slowest request %v",
-		end.Sub(start), *d.IndexBytes, len(load.ids), dups.count(), during, load.slowest)
+	t.Logf("the pack took %v (indexes %v bytes, heap %v); %d events recorded, %d duplicates answered, %d of them during the pack; slowest request %v",
+		end.Sub(start), *d.IndexBytes, d.HeapBytes, len(load.ids), dups.count(), during, load.slowest)
 	if len(load.fail) > 0 || len(dups.fail) > 0 {
 		t.Fatalf("requests failed across the pack: %d events, the first %v; %d duplicates, the first %v", len(load.fail), load.fail, len(dups.fail), dups.fail)
 	}

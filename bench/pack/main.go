@@ -1,7 +1,8 @@
 // Command pack packs the usage log partitions of a benchmark database
 // that hold logs (usagelog.PackPartition, what retention does to a month
-// once it is over and billed) whatever their month, and prints each
-// one's bytes a log, heap and every index, before and after, as text.
+// once it is over and billed: its heap rewritten, its indexes rebuilt)
+// whatever their month, and prints each one's bytes a log, heap and every
+// index, before and after, as text.
 package main
 
 import (
@@ -44,9 +45,10 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("packed %s in %.1f s: indexes of logs and reports %d -> %d bytes (%.1f -> %.1f a log)\n", p.Name,
+		fmt.Printf("packed %s in %.1f s: indexes of logs and reports %d -> %d bytes (%.1f -> %.1f a log), heap %d -> %d bytes (%.1f -> %.1f a log)\n", p.Name,
 			time.Since(start).Seconds(), done.IndexBytesBefore, done.IndexBytesAfter,
-			float64(done.IndexBytesBefore)/float64(logs), float64(done.IndexBytesAfter)/float64(logs))
+			float64(done.IndexBytesBefore)/float64(logs), float64(done.IndexBytesAfter)/float64(logs),
+			done.HeapBytesBefore, done.HeapBytesAfter, float64(done.HeapBytesBefore)/float64(logs), float64(done.HeapBytesAfter)/float64(logs))
 		report(ctx, conn, p.Name, logs, "after packing")
 	}
 }
