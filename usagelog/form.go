@@ -196,7 +196,8 @@ func (s *Store) Form(ctx context.Context, p FormParams) ([]Report, error) {
 
 // formMembershipSQL records, per log, the reports it joined ($1 ids, $2 and
 // $3 the input and output leads, $4 the meter leads flat with $5 offsets and
-// $6 counts, $7 the basis of each log's Stripe timestamp). u.id = ANY($1)
+// $6 counts, $7 the basis of each log's Stripe timestamp; updated_at is
+// left alone, first_attempt_at says when, migration 0072). u.id = ANY($1)
 // beside the join: planned for its ids (a custom plan), it is both the
 // pruning to their partitions (the planner prunes by no join) and an
 // index condition on exactly those ids. Bounds (u.id BETWEEN the least
@@ -209,7 +210,7 @@ const formMembershipSQL = `UPDATE usage_logs u SET
 				input_report_lead = coalesce(v.inl, u.input_report_lead),
 				output_report_lead = coalesce(v.outl, u.output_report_lead),
 				meter_leads = CASE WHEN v.cnt > 0 THEN ($4::uuid[])[v.off + 1 : v.off + v.cnt] ELSE u.meter_leads END,
-				first_attempt_at = coalesce(u.first_attempt_at, now()), updated_at = now(),
+				first_attempt_at = coalesce(u.first_attempt_at, now()),
 				stripe_timestamp = CASE WHEN v.basis = 'reported' THEN v.basis ELSE coalesce(u.stripe_timestamp, v.basis) END
 			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[], $6::int[], $7::text[]) AS v (id, inl, outl, off, cnt, basis)
 			WHERE u.id = v.id AND u.id = ANY($1)`

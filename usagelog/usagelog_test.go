@@ -103,7 +103,7 @@ func TestConcurrentFormsNeverShareALog(t *testing.T) {
 // here the members of a report the window guard parked while its send was
 // in flight (needs_review) and a pending report's, accepted together. Each
 // log is billed once, its message cleared, and the counters move from
-// both statuses to billed.
+// both statuses to billed; billing stamps no log's updated_at.
 func TestOneAcceptanceBillsPendingAndParkedMembers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -159,6 +159,16 @@ func TestOneAcceptanceBillsPendingAndParkedMembers(t *testing.T) {
 	}
 	if billed != 4 || messages != 0 {
 		t.Fatalf("%d of 4 logs billed, %d with a message", billed, messages)
+	}
+	// Formation and acceptance leave updated_at alone (0072: their own
+	// columns say when); parking set it on the parked report's logs.
+	var stamped, parkedStamped int
+	if err := w.Pool.QueryRow(ctx, `SELECT count(updated_at), count(updated_at) FILTER (WHERE input_report_lead = $2)
+		FROM usage_logs WHERE tenant_id = $1`, tn, parked[0].Lead).Scan(&stamped, &parkedStamped); err != nil {
+		t.Fatal(err)
+	}
+	if stamped != 2 || parkedStamped != 2 {
+		t.Errorf("updated_at set on %d logs (%d of the parked report's); want the 2 parking changed", stamped, parkedStamped)
 	}
 	if c := counters(); c != [4]int64{0, 0, 4, 0} {
 		t.Fatalf("counters after the acceptance (pending, under review, billed, other): %v", c)

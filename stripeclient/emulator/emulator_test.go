@@ -107,11 +107,18 @@ func (h *harness) get(path string) answer {
 	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err}
 }
 
+// formTime is every meterForm's timestamp: one instant, so two forms of
+// the same event are the same parameters (a retry's), whichever second
+// each is built in; a timestamp read per form differed across a second's
+// boundary, and the emulator rightly answered the replay under the same
+// key with idempotency_error.
+var formTime = time.Now().Add(-time.Minute).Unix()
+
 func meterForm(customer, identifier string, value int64) url.Values {
 	return url.Values{
 		"event_name":                  {"llm_input_tokens"},
 		"identifier":                  {identifier},
-		"timestamp":                   {fmt.Sprint(time.Now().Add(-time.Minute).Unix())},
+		"timestamp":                   {fmt.Sprint(formTime)},
 		"payload[stripe_customer_id]": {customer},
 		"payload[value]":              {fmt.Sprint(value)},
 	}

@@ -1,0 +1,11 @@
+-- Billing no longer sets updated_at: formation stamped it with the
+-- instant it also wrote to first_attempt_at, and acceptance with the one
+-- it also wrote to billed_at and to each accepted dimension's
+-- *_accepted_at, so a billed log held that instant four times. Its 8
+-- bytes were part of what makes a billed log wider than a pending one
+-- (docs/benchmarks.md, "A billed month's heap rewritten"). updated_at now
+-- says when something other than billing's own steps last changed the
+-- log (a review's resolution, parking, a report closed), which those
+-- steps' columns do not say. Nothing reads the column to answer a
+-- request. Catalogue only.
+COMMENT ON COLUMN usage_logs.updated_at IS 'when the log last changed other than by billing''s formation and acceptance (first_attempt_at, *_accepted_at and billed_at say when those did); NULL: never';
