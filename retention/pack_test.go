@@ -73,27 +73,6 @@ func indexesOf(t *testing.T, pool *pgxpool.Pool, table string) map[string]string
 	return out
 }
 
-// heapBytes is pg_table_size of table: its heap, TOAST and maps.
-func heapBytes(t *testing.T, pool *pgxpool.Pool, table string) int64 {
-	t.Helper()
-	var n int64
-	if err := pool.QueryRow(context.Background(), `SELECT pg_table_size($1::regclass)`, table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// content is a digest of every row of table, whole, in id order.
-func content(t *testing.T, pool *pgxpool.Pool, table string) string {
-	t.Helper()
-	var d string
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) || ':' || md5(string_agg(l::text, '|' ORDER BY id)) FROM `+
-		pgx.Identifier{table}.Sanitize()+` l`).Scan(&d); err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 func indexBytes(t *testing.T, pool *pgxpool.Pool, table string) int64 {
 	t.Helper()
 	var n int64
@@ -131,8 +110,8 @@ func TestRetentionPacksAMonthOnceNothingWritesIt(t *testing.T) {
 		t.Fatalf("no leftover index: %v", before)
 	}
 	bytesBefore := indexBytes(t, pool, names[0])
-	heapBefore := heapBytes(t, pool, names[0])
-	contentBefore := content(t, pool, names[0])
+	heapBefore := pgtest.TableBytes(t, pool, names[0])
+	contentBefore := pgtest.RowsDigest(t, pool, names[0])
 	keep := retention.Config{Retention: 0}
 
 	res := run(t, pool, keep, true)
@@ -158,11 +137,11 @@ func TestRetentionPacksAMonthOnceNothingWritesIt(t *testing.T) {
 	t.Logf("%s: indexes %d bytes before, %d after (the run: %v)", names[0], bytesBefore, after, *d.IndexBytes)
 	// Every log was updated once, not HOT: half the heap is dead
 	// versions, which the rewrite leaves behind.
-	heapAfter := heapBytes(t, pool, names[0])
+	heapAfter := pgtest.TableBytes(t, pool, names[0])
 	if d.HeapBytes == nil || d.HeapBytes[0] != heapBefore || d.HeapBytes[1] != heapAfter || heapAfter*10 > heapBefore*6 {
 		t.Errorf("the heap: %d bytes before, %d after; the run says %v", heapBefore, heapAfter, d.HeapBytes)
 	}
-	if got := content(t, pool, names[0]); got != contentBefore {
+	if got := pgtest.RowsDigest(t, pool, names[0]); got != contentBefore {
 		t.Errorf("the month's logs changed in the pack: %s, were %s", got, contentBefore)
 	}
 

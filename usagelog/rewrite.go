@@ -31,9 +31,9 @@ import (
 //     than that. Reads and the other months are not touched.
 //  2. copy: a new table like the partition, its logs copied in id order,
 //     then its indexes built from the partition's definitions (at
-//     PackFillfactor, set before). Only ACCESS SHARE on the partition:
-//     the month is read and written meanwhile; what is written is
-//     captured.
+//     PackFillfactor, set before), then analysed. Only ACCESS SHARE on
+//     the partition: the month is read and written meanwhile; what is
+//     written is captured.
 //  3. swap, one transaction: ACCESS EXCLUSIVE on usage_logs under a short
 //     lock_timeout, tried again (ingest waits at most that long for each
 //     try, and for the swap: milliseconds); the captured logs copied
@@ -202,6 +202,12 @@ func (r rewrite) copyLogs(ctx context.Context) ([]index, error) {
 			}
 		}
 		out = append(out, d.index)
+	}
+	// Statistics of its own: the partition's go with it, and the copy's
+	// inserts would have autovacuum analyse it soon, but not before
+	// queries of the month are planned on it.
+	if _, err := r.db.Exec(ctx, `ANALYZE `+ident(r.copyName())); err != nil {
+		return nil, fmt.Errorf("copy %s: analyze: %w", r.p.Name, err)
 	}
 	return out, nil
 }

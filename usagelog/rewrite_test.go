@@ -83,7 +83,7 @@ func TestPackRewritesTheHeapKeepingWritesMadeDuringTheCopy(t *testing.T) {
 	// A pack interrupted between the copy and the swap changes nothing;
 	// its leftovers (pgx closes a connection whose context is done, so
 	// it cannot drop them) go in the next pack.
-	before := contentOf(t, pool, p.Name)
+	before := pgtest.RowsDigest(t, pool, p.Name)
 	cctx, cancel := context.WithCancel(ctx)
 	afterCopy = cancel
 	if _, err := packOn(t, cctx, pool, p); err == nil {
@@ -92,7 +92,7 @@ func TestPackRewritesTheHeapKeepingWritesMadeDuringTheCopy(t *testing.T) {
 		t.Logf("the interrupted pack: %v", err)
 	}
 	afterCopy = nil
-	if got := contentOf(t, pool, p.Name); got != before {
+	if got := pgtest.RowsDigest(t, pool, p.Name); got != before {
 		t.Errorf("an interrupted pack changed the partition: %s, was %s", got, before)
 	}
 
@@ -114,18 +114,18 @@ func TestPackRewritesTheHeapKeepingWritesMadeDuringTheCopy(t *testing.T) {
 				t.Errorf("write during the pack: %v", err)
 			}
 		}
-		want = contentOf(t, pool, p.Name)
+		want = pgtest.RowsDigest(t, pool, p.Name)
 	}
 	defer func() { afterCopy = nil }()
-	heapBefore := tableSize(t, pool, p.Name)
+	heapBefore := pgtest.TableBytes(t, pool, p.Name)
 	done, err := packOn(t, ctx, pool, p)
 	if err != nil {
 		t.Fatalf("pack: %v", err)
 	}
-	if got := contentOf(t, pool, p.Name); got != want || want == before {
+	if got := pgtest.RowsDigest(t, pool, p.Name); got != want || want == before {
 		t.Errorf("after the pack: %s; written during it: %s (before it: %s)", got, want, before)
 	}
-	heapAfter := tableSize(t, pool, p.Name)
+	heapAfter := pgtest.TableBytes(t, pool, p.Name)
 	if done.HeapBytesBefore != heapBefore || done.HeapBytesAfter != heapAfter || heapAfter*10 > heapBefore*6 {
 		t.Errorf("heap %d bytes before, %d after; the pack says %d, %d", heapBefore, heapAfter, done.HeapBytesBefore, done.HeapBytesAfter)
 	}
@@ -137,6 +137,10 @@ func TestPackRewritesTheHeapKeepingWritesMadeDuringTheCopy(t *testing.T) {
 		t.Errorf("range after the pack: %s, was %s", got, boundBefore)
 	}
 	noLeftovers(t, pool, r)
+	var columns int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stats WHERE schemaname = current_schema() AND tablename = $1`, p.Name).Scan(&columns); err != nil || columns == 0 {
+		t.Errorf("the rewritten partition has no statistics (%d columns, %v)", columns, err)
+	}
 	var found int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM usage_logs WHERE id = ANY($1)`, append(ids[:20:20], late)).Scan(&found); err != nil || found != 20 {
 		t.Errorf("logs found through usage_logs: %d of 20 (%v)", found, err)
@@ -152,26 +156,6 @@ func packOn(t *testing.T, ctx context.Context, pool *pgxpool.Pool, p Partition) 
 	}
 	defer conn.Release()
 	return PackPartition(ctx, conn.Conn(), p)
-}
-
-// contentOf is a digest of every row of table, whole, in id order.
-func contentOf(t *testing.T, pool *pgxpool.Pool, table string) string {
-	t.Helper()
-	var d string
-	if err := pool.QueryRow(context.Background(), `SELECT count(*) || ':' || md5(string_agg(l::text, '|' ORDER BY id)) FROM `+
-		ident(table)+` l`).Scan(&d); err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
-func tableSize(t *testing.T, pool *pgxpool.Pool, table string) int64 {
-	t.Helper()
-	var n int64
-	if err := pool.QueryRow(context.Background(), `SELECT pg_table_size($1::regclass)`, table).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // indexDefs is each index of table: its name, definition, validity and
