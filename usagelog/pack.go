@@ -28,7 +28,7 @@ import (
 // pending, nothing but the rare late change (a review's resolution)
 // writes to it again, so it is rewritten once: its logs copied, in id
 // order, into a new table whose indexes are built full, which then takes
-// its place (rewriteHeap says how, and what it locks); its reports'
+// its place (the type rewrite says how, and what it locks); its reports'
 // indexes rebuilt at fillfactor 100 by REINDEX CONCURRENTLY, under a
 // SHARE UPDATE EXCLUSIVE lock of that partition (reads, updates and
 // inserts go on).
@@ -93,7 +93,7 @@ func PendingIn(ctx context.Context, db DB, logs string) (bool, error) {
 }
 
 // PackPartition packs p: it rewrites the heap of its usage_logs partition
-// (rewriteHeap), which builds every index of it anew at PackFillfactor,
+// (the type rewrite), which builds every index of it anew at PackFillfactor,
 // rebuilds every index of its usage_reports partition at PackFillfactor
 // (REINDEX CONCURRENTLY), and records it in usage_log_packs. It cannot
 // run in a transaction (REINDEX CONCURRENTLY): db is one connection,

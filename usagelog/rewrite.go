@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// rewriteHeap: a month's partition copied into a new table and swapped
+// rewrite is a month's partition copied into a new table and swapped
 // in for it, which gives back the space billing's dead versions leave in
 // its heap (VACUUM only marks it free for the month's later logs, which
 // do not come).
@@ -86,8 +86,8 @@ func (r rewrite) run(ctx context.Context) error {
 	return r.swap(ctx, indexes)
 }
 
-// withLock runs f in a transaction whose first lock wait is bounded by
-// swapLockTimeout, swapTries times until it gets the lock.
+// withLock runs f in a transaction whose every lock wait is bounded by
+// swapLockTimeout, up to swapTries times until none times out.
 func (r rewrite) withLock(ctx context.Context, what string, f func(tx pgx.Tx) error) error {
 	for try := 1; ; try++ {
 		err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
@@ -226,6 +226,10 @@ func (r rewrite) swap(ctx context.Context, indexes []index) error {
 		}
 		copyT, part, changes := ident(r.copyName()), ident(r.p.Name), ident(r.changesName())
 		qs := []string{
+			// Counted first, so that the two statements after it probe
+			// the month by id rather than read it whole while ingest
+			// waits.
+			`ANALYZE ` + changes,
 			`DELETE FROM ` + copyT + ` WHERE id IN (SELECT id FROM ` + changes + `)`,
 			`INSERT INTO ` + copyT + ` SELECT * FROM ` + part + ` WHERE id IN (SELECT id FROM ` + changes + `)`,
 			`ALTER TABLE usage_logs DETACH PARTITION ` + part,
