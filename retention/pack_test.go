@@ -48,31 +48,6 @@ func seedMany(t *testing.T, pool *pgxpool.Pool, tenant uuid.UUID, from time.Time
 	return ids, reqs
 }
 
-// indexesOf is the name, fillfactor, validity and parent index of every
-// index of table.
-func indexesOf(t *testing.T, pool *pgxpool.Pool, table string) map[string]string {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT c.relname,
-			coalesce(array_to_string(c.reloptions, ','), '') || ' valid=' || i.indisvalid || ' parent=' || coalesce(h.inhparent::regclass::text, '')
-		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid LEFT JOIN pg_inherits h ON h.inhrelid = i.indexrelid
-		WHERE i.indrelid = $1::regclass`, table)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for rows.Next() {
-		var name, desc string
-		if err := rows.Scan(&name, &desc); err != nil {
-			t.Fatal(err)
-		}
-		out[name] = desc
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
 func indexBytes(t *testing.T, pool *pgxpool.Pool, table string) int64 {
 	t.Helper()
 	var n int64
@@ -105,7 +80,7 @@ func TestRetentionPacksAMonthOnceNothingWritesIt(t *testing.T) {
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`CREATE UNIQUE INDEX CONCURRENTLY %s ON %s (tenant_id)`, leftover, names[0])); err == nil {
 		t.Fatal("a unique index on one tenant's logs was built")
 	}
-	before := indexesOf(t, pool, names[0])
+	before := pgtest.Indexes(t, pool, names[0])
 	if _, ok := before[leftover]; !ok {
 		t.Fatalf("no leftover index: %v", before)
 	}
@@ -145,28 +120,27 @@ func TestRetentionPacksAMonthOnceNothingWritesIt(t *testing.T) {
 		t.Errorf("the month's logs changed in the pack: %s, were %s", got, contentBefore)
 	}
 
-	got := indexesOf(t, pool, names[0])
+	got := pgtest.Indexes(t, pool, names[0])
 	if _, ok := got[leftover]; ok || len(got) != len(before)-1 {
 		t.Errorf("indexes after packing: %v\nbefore: %v", got, before)
 	}
-	for name, desc := range got {
+	for name, ix := range got {
 		wantParent := name != names[0]+"_request_key" // unique per partition: no parent index
-		if desc[:len("fillfactor=100 valid=true")] != "fillfactor=100 valid=true" && name != names[0]+"_ts_idx" ||
-			wantParent && desc[len(desc)-len("parent="):] == "parent=" {
-			t.Errorf("index %s after packing: %s", name, desc)
+		if !(ix.Options == "fillfactor=100" && ix.Valid) && name != names[0]+"_ts_idx" || wantParent && ix.Parent == "" {
+			t.Errorf("index %s after packing: %+v", name, ix)
 		}
 	}
-	for name, desc := range indexesOf(t, pool, names[1]) {
-		if desc[:len(" valid")] != " valid" && name != names[1]+"_ts_idx" {
-			t.Errorf("%s (pending logs) was packed: %s %s", names[1], name, desc)
+	for name, ix := range pgtest.Indexes(t, pool, names[1]) {
+		if ix.Options != "" && name != names[1]+"_ts_idx" {
+			t.Errorf("%s (pending logs) was packed: %s %+v", names[1], name, ix)
 		}
 	}
-	if reps := indexesOf(t, pool, res.Partitions[0].Reports); len(reps) == 0 {
+	if reps := pgtest.Indexes(t, pool, res.Partitions[0].Reports); len(reps) == 0 {
 		t.Errorf("no index on %s", res.Partitions[0].Reports)
 	} else {
-		for name, desc := range reps {
-			if desc[:len("fillfactor=100 valid=true")] != "fillfactor=100 valid=true" || desc[len(desc)-len("parent="):] == "parent=" {
-				t.Errorf("reports index %s after packing: %s", name, desc)
+		for name, ix := range reps {
+			if ix.Options != "fillfactor=100" || !ix.Valid || ix.Parent == "" {
+				t.Errorf("reports index %s after packing: %+v", name, ix)
 			}
 		}
 	}
@@ -292,9 +266,9 @@ func TestPackingLetsTheMonthBeWritten(t *testing.T) {
 		FROM `+names[0]).Scan(&n, &changed); err != nil || n != len(ids)+1 || changed != 100 {
 		t.Errorf("after the pack: %d logs (want %d), %d changed (want 100): %v", n, len(ids)+1, changed, err)
 	}
-	for name, desc := range indexesOf(t, pool, names[0]) {
-		if name != names[0]+"_ts_idx" && desc[:len("fillfactor=100 valid=true")] != "fillfactor=100 valid=true" {
-			t.Errorf("index %s after packing: %s", name, desc)
+	for name, ix := range pgtest.Indexes(t, pool, names[0]) {
+		if name != names[0]+"_ts_idx" && !(ix.Options == "fillfactor=100" && ix.Valid) {
+			t.Errorf("index %s after packing: %+v", name, ix)
 		}
 	}
 }

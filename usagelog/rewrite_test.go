@@ -3,11 +3,11 @@ package usagelog
 import (
 	"context"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/overage-billing/overage/internal/testkit/pgtest"
@@ -64,7 +64,9 @@ func TestPackRewritesTheHeapKeepingWritesMadeDuringTheCopy(t *testing.T) {
 	if _, err := pool.Exec(ctx, `VACUUM `+ident(p.Name)); err != nil {
 		t.Fatal(err)
 	}
-	indexesBefore := indexDefs(t, pool, p.Name)
+	// The partition's indexes, bar their options (the pack sets
+	// fillfactor 100).
+	indexesBefore := withoutOptions(pgtest.Indexes(t, pool, p.Name))
 	boundBefore := bound(t, pool, p.Name)
 
 	// A crash's leftovers, as the capture made them.
@@ -130,7 +132,7 @@ func TestPackRewritesTheHeapKeepingWritesMadeDuringTheCopy(t *testing.T) {
 		t.Errorf("heap %d bytes before, %d after; the pack says %d, %d", heapBefore, heapAfter, done.HeapBytesBefore, done.HeapBytesAfter)
 	}
 	t.Logf("heap %d bytes before, %d after", heapBefore, heapAfter)
-	if got := indexDefs(t, pool, p.Name); fmt.Sprint(got) != fmt.Sprint(indexesBefore) {
+	if got := withoutOptions(pgtest.Indexes(t, pool, p.Name)); !maps.Equal(got, indexesBefore) {
 		t.Errorf("indexes after the pack:\n%v\nbefore:\n%v", got, indexesBefore)
 	}
 	if got := bound(t, pool, p.Name); got != boundBefore {
@@ -158,22 +160,12 @@ func packOn(t *testing.T, ctx context.Context, pool *pgxpool.Pool, p Partition) 
 	return PackPartition(ctx, conn.Conn(), p)
 }
 
-// indexDefs is each index of table: its name, definition, validity and
-// the index of usage_logs it is attached to.
-func indexDefs(t *testing.T, pool *pgxpool.Pool, table string) []string {
-	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT c.relname || ' ' || regexp_replace(pg_get_indexdef(i.indexrelid), ' WITH \([^)]*\)', '')
-			|| ' valid=' || i.indisvalid || ' parent=' || coalesce(h.inhparent::regclass::text, '')
-		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid LEFT JOIN pg_inherits h ON h.inhrelid = i.indexrelid
-		WHERE i.indrelid = $1::regclass ORDER BY 1`, table)
-	if err != nil {
-		t.Fatal(err)
+func withoutOptions(ixs map[string]pgtest.Index) map[string]pgtest.Index {
+	for name, ix := range ixs {
+		ix.Options = ""
+		ixs[name] = ix
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return ixs
 }
 
 func bound(t *testing.T, pool *pgxpool.Pool, table string) string {
