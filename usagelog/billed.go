@@ -271,10 +271,10 @@ func billedQuery(f billedFilter) string {
 		FROM (SELECT t.stripe_customer_id AS cus, d.dim, d.o, ` + fmt.Sprintf(billingDaySQL, "d.lead", "d.dim") + ` AS day,
 				` + Is("u.billing_status", overage.BillingStatusBilled) + ` AS billed,
 				coalesce(u.stripe_timestamp = 'reported', false) AS late,
-				greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3 AS recent
+				greatest(u.first_attempt_at, ` + InputAcceptedAtSQL("u") + `, ` + OutputAcceptedAtSQL("u") + `, u.billed_at) > $3 AS recent
 			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
 			CROSS JOIN LATERAL (VALUES ('input', ` + OverageInputSQL("u") + `, u.input_report_lead),
-				('output', ` + OverageOutputSQL("u") + `, u.output_report_lead)) AS d (dim, o, lead)
+				('output', ` + OverageOutputSQL("u") + `, ` + OutputReportLeadSQL("u") + `)) AS d (dim, o, lead)
 			WHERE u.ts >= $1::timestamptz - make_interval(secs => $4) AND u.ts < $2
 				AND (u.ts >= $1 OR u.stripe_timestamp = 'reported')
 				AND ` + aboveWatermarkSQL("u.id") + `

@@ -216,6 +216,7 @@ const formMembershipSQL = `UPDATE usage_logs u SET
 			WHERE u.id = v.id AND u.id = ANY($1)`
 
 // The dimensions of a log in no report yet, not accepted, with overage.
+// Bare columns: a pending log is never written with 0073's NULLs.
 var needIn = `(` + OverageInputSQL("") + ` <> 0 AND input_report_lead IS NULL AND input_accepted_at IS NULL)`
 var needOut = `(` + OverageOutputSQL("") + ` <> 0 AND output_report_lead IS NULL AND output_accepted_at IS NULL)`
 

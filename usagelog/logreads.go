@@ -113,6 +113,45 @@ func OverageOutputSQL(alias string) string {
 	return "coalesce(" + qualify(alias, "overage_output_tokens") + ", " + qualify(alias, "output_tokens") + ")"
 }
 
+// InputAcceptedAtSQL, OutputAcceptedAtSQL and OutputReportLeadSQL read a
+// log's accepted times and output lead, the log named by alias as for
+// OverageInputSQL. The acceptance that bills a log nothing else ever
+// changed (updated_at NULL) writes NULL for what the log would hold twice
+// (migration 0073): the accepted time of a dimension accepted with the
+// billing, which is billed_at, and an output lead equal to the input
+// lead. Billed is final and every other change of a log sets updated_at
+// (review, parking, a report closed), so "billed with updated_at NULL"
+// marks the logs so written without a column of its own; in any other log
+// a NULL accepted time still means Stripe never accepted the dimension
+// (a review's resolution to billed leaves it so). Every read of a log that
+// may be billed goes through them. Formation, parking and review read the
+// columns bare: they read pending or parked logs, never so written.
+func InputAcceptedAtSQL(alias string) string {
+	return acceptedAtSQL(alias, "input_accepted_at", OverageInputSQL(alias))
+}
+
+// OutputAcceptedAtSQL: see InputAcceptedAtSQL.
+func OutputAcceptedAtSQL(alias string) string {
+	return acceptedAtSQL(alias, "output_accepted_at", OverageOutputSQL(alias))
+}
+
+// OutputReportLeadSQL: see InputAcceptedAtSQL.
+func OutputReportLeadSQL(alias string) string {
+	return "coalesce(" + qualify(alias, "output_report_lead") + ", CASE WHEN " + billedByAcceptanceSQL(alias) +
+		" AND " + OverageOutputSQL(alias) + " <> 0 THEN " + qualify(alias, "input_report_lead") + " END)"
+}
+
+func acceptedAtSQL(alias, column, overage string) string {
+	return "coalesce(" + qualify(alias, column) + ", CASE WHEN " + billedByAcceptanceSQL(alias) +
+		" AND " + overage + " <> 0 THEN " + qualify(alias, "billed_at") + " END)"
+}
+
+// billedByAcceptanceSQL is whether the log was billed by an acceptance
+// and changed by nothing else: the logs 0073's NULLs may stand in.
+func billedByAcceptanceSQL(alias string) string {
+	return "(" + qualify(alias, "billing_status") + " = 'billed' AND " + qualify(alias, "updated_at") + " IS NULL)"
+}
+
 func qualify(alias, column string) string {
 	if alias == "" {
 		return column
@@ -123,7 +162,7 @@ func qualify(alias, column string) string {
 var LogColumns = `id, tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens,
 	cache_read_input_tokens, cache_creation_input_tokens, reasoning_output_tokens,
 	` + OverageInputSQL("") + `, ` + OverageOutputSQL("") + `, billing_status, billed_at, created_at,
-	first_attempt_at, billing_message, input_accepted_at, output_accepted_at, input_report_lead, output_report_lead,
+	first_attempt_at, billing_message, ` + InputAcceptedAtSQL("") + `, ` + OutputAcceptedAtSQL("") + `, input_report_lead, ` + OutputReportLeadSQL("") + `,
 	corrects, correction_reason, meter_keys, ` + MeterTokensSQL + `, meter_overage, meter_leads, meter_accepted_at, corrected_by,
 	coalesce(stripe_timestamp, 'usage')`
 

@@ -212,7 +212,7 @@ func rollUpSQL(rel string) string {
 			FROM ` + rel + ` u
 			CROSS JOIN LATERAL (
 				SELECT 'input'::text AS meter, u.input_tokens - ` + others(false) + ` AS tokens, ` + OverageInputSQL("u") + ` AS overage, u.input_report_lead AS lead
-				UNION ALL SELECT 'output', u.output_tokens - ` + others(true) + `, ` + OverageOutputSQL("u") + `, u.output_report_lead
+				UNION ALL SELECT 'output', u.output_tokens - ` + others(true) + `, ` + OverageOutputSQL("u") + `, ` + OutputReportLeadSQL("u") + `
 				UNION ALL SELECT x.k, x.t, x.o, x.l FROM unnest(u.meter_keys, coalesce(u.meter_tokens, u.meter_overage), u.meter_overage, u.meter_leads) AS x (k, t, o, l)
 			) AS d) l
 		GROUP BY 1, 2, 3, 4, 5

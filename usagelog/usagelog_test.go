@@ -170,6 +170,18 @@ func TestOneAcceptanceBillsPendingAndParkedMembers(t *testing.T) {
 	if stamped != 2 || parkedStamped != 2 {
 		t.Errorf("updated_at set on %d logs (%d of the parked report's); want the 2 parking changed", stamped, parkedStamped)
 	}
+	// The logs nothing but billing changed are stored without the accepted
+	// times billed_at repeats (0073); the parked ones, which parking
+	// changed, keep theirs: there a NULL would mean Stripe never took them.
+	var compact, full int
+	if err := w.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE input_accepted_at IS NULL AND output_accepted_at IS NULL AND updated_at IS NULL),
+			count(*) FILTER (WHERE input_accepted_at = billed_at AND output_accepted_at = billed_at AND input_report_lead = $2)
+		FROM usage_logs WHERE tenant_id = $1`, tn, parked[0].Lead).Scan(&compact, &full); err != nil {
+		t.Fatal(err)
+	}
+	if compact != 2 || full != 2 {
+		t.Errorf("%d logs stored without their accepted times (want the 2 pending), %d with them (want the 2 parked)", compact, full)
+	}
 	if c := counters(); c != [4]int64{0, 0, 4, 0} {
 		t.Fatalf("counters after the acceptance (pending, under review, billed, other): %v", c)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/overage-billing/overage/outbox"
 	"github.com/overage-billing/overage/stripeclient/emulator"
 	"github.com/overage-billing/overage/tenants"
+	"github.com/overage-billing/overage/usagelog"
 	"github.com/overage-billing/overage/workers"
 	"github.com/riverqueue/river/rivertype"
 )
@@ -99,7 +100,7 @@ func (b *bundle) reportOf(t *testing.T, id uuid.UUID, d overage.Dimension) repor
 	var r report
 	if err := b.Pool.QueryRow(context.Background(), `SELECT r.lead_usage_log_id, r.member_ids, r.value, r.ts, r.state
 		FROM usage_logs u JOIN usage_reports r ON r.dimension = $2
-			AND r.lead_usage_log_id = CASE $2 WHEN 'input' THEN u.input_report_lead ELSE u.output_report_lead END
+			AND r.lead_usage_log_id = CASE $2 WHEN 'input' THEN u.input_report_lead ELSE `+usagelog.OutputReportLeadSQL("u")+` END
 		WHERE u.id = $1`, id, string(d)).Scan(&r.lead, &r.members, &r.value, &r.ts, &r.state); err != nil {
 		t.Fatalf("report of %s %s: %v", id, d, err)
 	}
