@@ -61,10 +61,10 @@ func TestABilledLogIsStoredWithoutWhatItRepeats(t *testing.T) {
 	}
 
 	type stored struct {
-		inAt, outAt  *time.Time
-		outLead      *uuid.UUID
-		billedAt     time.Time
-		updatedAt    *time.Time
+		inAt, outAt *time.Time
+		outLead     *uuid.UUID
+		billedAt    time.Time
+		updatedAt   *time.Time
 	}
 	raw := func(id uuid.UUID) stored {
 		t.Helper()
