@@ -16,10 +16,10 @@ import (
 // Acceptance writes a log it bills, that nothing else changed, without
 // the values the log would hold twice (migration 0073): an accepted time
 // equal to billed_at and an output lead equal to the input lead are
-// stored NULL, and every read gives them back. A dimension an earlier report accepted keeps its own
-// time, and a dimension without overage stays without an event. The
-// billed sums find a late log's report, and so its day, through the
-// output lead read back.
+// stored NULL, and every read gives them back. A dimension an earlier
+// report accepted keeps its own time, and a dimension without overage
+// stays without an event. The billed sums and the rollups find a late
+// log's report, and so its day, through the output lead read back.
 func TestABilledLogIsStoredWithoutWhatItRepeats(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
