@@ -259,7 +259,10 @@ func billedOnDefaults(ctx context.Context, db DB, p BilledParams, s *BilledSums)
 
 // billedQuery sums billed overage per (customer, day, dimension) over ts
 // in [$1 - $4 seconds, $2), with activity after $3, of the tenants $5
-// when f.tenants is set (and of the request_id prefix after it). The
+// when f.tenants is set (and of the request_id prefix after it). Its
+// recent reads the accepted times bare: a NULL that stands for billed_at
+// (migration 0073, InputAcceptedAtSQL) adds nothing to a greatest() that
+// takes billed_at itself, and the reading would cost every log scanned. The
 // range of ts is an index condition of usage_logs_ts (BRIN, migration
 // 0050): a run reads the pages of the days asked, not the whole table
 // (docs/plans.md).
@@ -271,7 +274,7 @@ func billedQuery(f billedFilter) string {
 		FROM (SELECT t.stripe_customer_id AS cus, d.dim, d.o, ` + fmt.Sprintf(billingDaySQL, "d.lead", "d.dim") + ` AS day,
 				` + Is("u.billing_status", overage.BillingStatusBilled) + ` AS billed,
 				coalesce(u.stripe_timestamp = 'reported', false) AS late,
-				greatest(u.first_attempt_at, ` + InputAcceptedAtSQL("u") + `, ` + OutputAcceptedAtSQL("u") + `, u.billed_at) > $3 AS recent
+				greatest(u.first_attempt_at, u.input_accepted_at, u.output_accepted_at, u.billed_at) > $3 AS recent
 			FROM usage_logs u JOIN tenants t ON t.id = u.tenant_id
 			CROSS JOIN LATERAL (VALUES ('input', ` + OverageInputSQL("u") + `, u.input_report_lead),
 				('output', ` + OverageOutputSQL("u") + `, ` + OutputReportLeadSQL("u") + `)) AS d (dim, o, lead)

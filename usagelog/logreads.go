@@ -124,8 +124,9 @@ func OverageOutputSQL(alias string) string {
 // marks the logs so written without a column of its own; in any other log
 // a NULL accepted time still means Stripe never accepted the dimension
 // (a review's resolution to billed leaves it so). Every read of a log that
-// may be billed goes through them. Formation, parking and review read the
-// columns bare: they read pending or parked logs, never so written.
+// may be billed goes through them, but for billed's recent, whose
+// greatest() takes billed_at already. Formation, parking and review read
+// the columns bare: they read pending or parked logs, never so written.
 func InputAcceptedAtSQL(alias string) string {
 	return acceptedAtSQL(alias, "input_accepted_at", OverageInputSQL(alias))
 }

@@ -475,20 +475,21 @@ const releaseSQL = `UPDATE usage_reports r SET lease_until = NULL
 // twice (migration 0073): an accepted time equal to billed_at and an
 // output lead equal to the input lead are NULL, which InputAcceptedAtSQL,
 // OutputAcceptedAtSQL and OutputReportLeadSQL read back; a dimension an
-// earlier report accepted keeps its own time. A log already so written is
-// not stamped again (a.i, a.o): its NULL is a time, not a dimension
-// waiting.
+// earlier report accepted keeps its own time (once: the log billed now,
+// by billing alone). A log already so written is not stamped again (a.i,
+// a.o): its NULL is a time, not a dimension waiting.
 var acceptMembersSQL = func() string {
 	done := `u.billing_status IN ('pending', 'needs_review')
 		AND (` + OverageInputSQL("u") + ` = 0 OR a.i IS NOT NULL)
 		AND (` + OverageOutputSQL("u") + ` = 0 OR a.o IS NOT NULL)
 		AND coalesce(bool_and(x.o = 0 OR x.a IS NOT NULL OR x.k = ANY (coalesce(acc.keys, '{}'))), true)`
+	once := `m.done AND u.updated_at IS NULL`
 	return `UPDATE usage_logs u SET
 				(input_accepted_at, output_accepted_at, output_report_lead,
 				meter_accepted_at, billing_status, billed_at, billing_message) = (
-					SELECT CASE WHEN m.once THEN nullif(a.i, now()) ELSE a.i END,
-						CASE WHEN m.once THEN nullif(a.o, now()) ELSE a.o END,
-						CASE WHEN m.once AND u.output_report_lead = u.input_report_lead THEN NULL ELSE u.output_report_lead END,
+					SELECT CASE WHEN ` + once + ` THEN nullif(a.i, now()) ELSE a.i END,
+						CASE WHEN ` + once + ` THEN nullif(a.o, now()) ELSE a.o END,
+						CASE WHEN ` + once + ` AND u.output_report_lead = u.input_report_lead THEN NULL ELSE u.output_report_lead END,
 						CASE WHEN acc.keys IS NULL THEN u.meter_accepted_at ELSE m.accepted END,
 						CASE WHEN m.done THEN 'billed' ELSE u.billing_status END,
 						CASE WHEN m.done THEN now() ELSE u.billed_at END,
@@ -496,10 +497,9 @@ var acceptMembersSQL = func() string {
 					FROM (SELECT CASE WHEN v.i AND NOT ` + billedByAcceptanceSQL("u") + ` THEN coalesce(u.input_accepted_at, now()) ELSE u.input_accepted_at END AS i,
 							CASE WHEN v.o AND NOT ` + billedByAcceptanceSQL("u") + ` THEN coalesce(u.output_accepted_at, now()) ELSE u.output_accepted_at END AS o) AS a
 					CROSS JOIN LATERAL (
-						SELECT d.accepted, d.done, d.done AND u.updated_at IS NULL AS once
-						FROM (SELECT array_agg(CASE WHEN x.k = ANY (acc.keys) THEN coalesce(x.a, now()) ELSE x.a END ORDER BY x.n) AS accepted,
-								` + done + ` AS done
-							FROM unnest(u.meter_keys, u.meter_overage, u.meter_accepted_at) WITH ORDINALITY AS x (k, o, a, n)) AS d) AS m)
+						SELECT array_agg(CASE WHEN x.k = ANY (acc.keys) THEN coalesce(x.a, now()) ELSE x.a END ORDER BY x.n) AS accepted,
+							` + done + ` AS done
+						FROM unnest(u.meter_keys, u.meter_overage, u.meter_accepted_at) WITH ORDINALITY AS x (k, o, a, n)) AS m)
 			FROM unnest($1::uuid[], $2::bool[], $3::bool[], $4::text[]) AS v (id, i, o, ks)
 				CROSS JOIN LATERAL (SELECT string_to_array(v.ks, ',') AS keys) AS acc
 			WHERE u.id = v.id AND u.id = ANY($1)`
