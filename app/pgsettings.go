@@ -32,6 +32,7 @@ type ServerSettings struct {
 	CheckpointTimeout time.Duration
 	WALCompression    string
 	Autovacuum        bool
+	HugePages         string // off, try or on
 }
 
 // Problems names each setting below what ingest at volume needs, or none.
@@ -51,6 +52,13 @@ func (s ServerSettings) Problems() []string {
 		// are never reclaimed and no table gets statistics.
 		p = append(p, "autovacuum is off (on)")
 	}
+	if s.HugePages == "off" {
+		// A pool of gigabytes in 4 KB pages: a TLB miss on every random
+		// index leaf, and page tables the kernel's reclaim scans once the
+		// page cache is full. "try" is not named: PostgreSQL 15 does not
+		// say whether it got them (HugePages_Rsvd in /proc/meminfo does).
+		p = append(p, "huge_pages is off (on, with vm.nr_hugepages at least shared_memory_size_in_huge_pages)")
+	}
 	return p
 }
 
@@ -62,7 +70,7 @@ func ReadServerSettings(ctx context.Context, pool *pgxpool.Pool) (ServerSettings
 	// pg_size_bytes reads; checkpoint_timeout's setting is in seconds.
 	err := pool.QueryRow(ctx, `SELECT pg_size_bytes(current_setting('shared_buffers')), pg_size_bytes(current_setting('max_wal_size')),
 			(SELECT setting::bigint FROM pg_settings WHERE name = 'checkpoint_timeout'),
-			current_setting('wal_compression'), current_setting('autovacuum')::bool`).Scan(&s.SharedBuffers, &s.MaxWALSize, &timeout, &s.WALCompression, &s.Autovacuum)
+			current_setting('wal_compression'), current_setting('autovacuum')::bool, current_setting('huge_pages')`).Scan(&s.SharedBuffers, &s.MaxWALSize, &timeout, &s.WALCompression, &s.Autovacuum, &s.HugePages)
 	if err != nil {
 		return s, fmt.Errorf("read PostgreSQL's settings: %w", err)
 	}
@@ -85,6 +93,6 @@ func WarnServerSettings(ctx context.Context, pool *pgxpool.Pool, logger *slog.Lo
 	if p := s.Problems(); len(p) > 0 {
 		logger.Warn("PostgreSQL settings: "+strings.Join(p, "; ")+": below what a deployment at volume needs (millions of logs a month); see docs/limits.md, \"PostgreSQL at volume\"",
 			"shared_buffers_bytes", s.SharedBuffers, "max_wal_size_bytes", s.MaxWALSize,
-			"checkpoint_timeout", s.CheckpointTimeout.String(), "wal_compression", s.WALCompression, "autovacuum", s.Autovacuum)
+			"checkpoint_timeout", s.CheckpointTimeout.String(), "wal_compression", s.WALCompression, "autovacuum", s.Autovacuum, "huge_pages", s.HugePages)
 	}
 }

@@ -70,20 +70,27 @@ func TestWarnConnectionBudget(t *testing.T) {
 
 // TestServerSettingsProblems: each setting below what ingest at volume
 // needs is named with its value, PostgreSQL's defaults (and autovacuum
-// off) all four, and
-// a server sized for volume none.
+// off) all four, huge_pages only when off (try may have got them), and a
+// server sized for volume none.
 func TestServerSettingsProblems(t *testing.T) {
 	t.Parallel()
-	defaults := app.ServerSettings{SharedBuffers: 128 << 20, MaxWALSize: 1 << 30, CheckpointTimeout: 5 * time.Minute, WALCompression: "off", Autovacuum: false}
+	defaults := app.ServerSettings{SharedBuffers: 128 << 20, MaxWALSize: 1 << 30, CheckpointTimeout: 5 * time.Minute, WALCompression: "off", Autovacuum: false, HugePages: "try"}
 	got := strings.Join(defaults.Problems(), "; ")
+	if strings.Contains(got, "huge_pages") {
+		t.Errorf("problems of the defaults %q name huge_pages, which try may have got", got)
+	}
 	for _, want := range []string{"shared_buffers is 128 MB", "max_wal_size is 1024 MB", "wal_compression is off", "autovacuum is off"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("problems of the defaults %q: no %q", got, want)
 		}
 	}
-	sized := app.ServerSettings{SharedBuffers: 6 << 30, MaxWALSize: 16 << 30, CheckpointTimeout: 15 * time.Minute, WALCompression: "lz4", Autovacuum: true}
+	sized := app.ServerSettings{SharedBuffers: 6 << 30, MaxWALSize: 16 << 30, CheckpointTimeout: 15 * time.Minute, WALCompression: "lz4", Autovacuum: true, HugePages: "on"}
 	if p := sized.Problems(); len(p) != 0 {
 		t.Errorf("a server sized for volume has problems: %q", p)
+	}
+	sized.HugePages = "off"
+	if p := sized.Problems(); len(p) != 1 || !strings.Contains(p[0], "huge_pages is off") {
+		t.Errorf("huge_pages off: problems %q", p)
 	}
 }
 
@@ -101,7 +108,7 @@ func TestReadServerSettings(t *testing.T) {
 	if err := pool.QueryRow(context.Background(), `SELECT setting::bigint * current_setting('block_size')::bigint FROM pg_settings WHERE name = 'shared_buffers'`).Scan(&sb); err != nil {
 		t.Fatal(err)
 	}
-	if s.SharedBuffers != sb || s.MaxWALSize < 2<<20 || s.CheckpointTimeout < 30*time.Second || s.WALCompression == "" {
+	if s.SharedBuffers != sb || s.MaxWALSize < 2<<20 || s.CheckpointTimeout < 30*time.Second || s.WALCompression == "" || s.HugePages == "" {
 		t.Fatalf("settings read: %+v (shared_buffers %d bytes)", s, sb)
 	}
 	var logs bytes.Buffer

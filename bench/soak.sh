@@ -112,13 +112,25 @@ for name in sys.argv[1:]:
 PY
 }
 
+# server: the settings each ratio depends on (docs/limits.md, "PostgreSQL
+# at volume"), huge_pages among them.
+server() {
+  psql -qtA "$PGHOST_URL" -c "SELECT 'server: ' || string_agg(name || '=' || current_setting(name), ' ' ORDER BY name) FROM unnest(ARRAY['shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_compression', 'autovacuum', 'huge_pages']) name"
+}
+# memory: the machine's free memory and page cache now. Once the page
+# cache is full the kernel reclaims as the loads write, which a plain
+# insert load with no product feels as much as the product does
+# (docs/benchmarks.md, "The batch soak on huge pages").
+memory() { awk '/^(MemFree|Cached):/ {printf "%s %d MB ", $1, $2 / 1024}' /proc/meminfo; echo; }
+
 if [ -z "${VOLUME_ONLY:-}" ]; then
 echo "== soak: ${SOAK_SECONDS}s each, fresh databases, no VACUUM or ANALYZE"
-fresh; serve; single soak_single "$SOAK_SECONDS"; stop
+server
+fresh; serve; echo "singles from $(date -u +%T): $(memory)"; single soak_single "$SOAK_SECONDS"; stop
 n=$(psql -qtA "$URL" -c "SELECT count(*) FROM usage_logs")
 echo "storage after $n single events (bytes per event):"
 size single usage_logs "$n"; size single idempotency_keys "$n"; size single river_job "$n"
-fresh; serve; batch soak_batch "$SOAK_SECONDS"; stop
+fresh; serve; echo "batches from $(date -u +%T): $(memory)"; batch soak_batch "$SOAK_SECONDS"; stop
 n=$(psql -qtA "$URL" -c "SELECT count(*) FROM usage_logs")
 echo "storage after $n batched events (bytes per event):"
 size batch usage_logs "$n"; size batch idempotency_keys "$n"; size batch river_job "$n"
@@ -162,7 +174,7 @@ fi
 [ -n "${SOAK_ONLY:-}" ] && { psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)"; exit 0; }
 
 echo "== volume: ${VOLUME_SECONDS}s each, empty tables, then $VOLUME_LOGS logs and $VOLUME_KEYS keys seeded"
-psql -qtA "$PGHOST_URL" -c "SELECT 'server: ' || string_agg(name || '=' || current_setting(name), ' ' ORDER BY name) FROM unnest(ARRAY['shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_compression', 'autovacuum']) name"
+server
 VOL_DB=${BENCH_DB}_vol
 VOL_URL=$(db_url $VOL_DB)
 SEEDED="seeded $VOLUME_LOGS logs at $VOLUME_SEED_AT and $VOLUME_KEYS keys, pack ${VOLUME_PACK:-1}"
