@@ -20,27 +20,19 @@ URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print
 SECS=${PLAIN_SECONDS:-300}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-cat > "$dir/insert.pgbench" <<'EOF'
-\set t random(1, 100)
+# Both scripts pick a tenant and a batch; the lookup script reads the
+# batch's 100 digests through the index before the insert, as ingest does.
+head='\set t random(1, 100)
 \set k random(1, 4000000000000000000)
-BEGIN;
-INSERT INTO logs (tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens, billing_status)
+BEGIN;'
+insert="INSERT INTO logs (tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens, billing_status)
   SELECT ('00000000-0000-0000-0000-' || lpad(:t::text, 12, '0'))::uuid, :k || '-' || g, now(), 'u_42', 'gpt-4o', 1200, 350, 'pending'
   FROM generate_series(1, 100) g;
-COMMIT;
-EOF
-# The lookup reads the 100 digests through the index, as ingest's does.
-cat > "$dir/lookup.pgbench" <<'EOF'
-\set t random(1, 100)
-\set k random(1, 4000000000000000000)
-BEGIN;
-SELECT count(*) FROM logs WHERE request_id IS NOT NULL AND md5(tenant_id::text || request_id)::uuid = ANY (ARRAY(
-  SELECT md5(('00000000-0000-0000-0000-' || lpad(:t::text, 12, '0')) || (:k || '-' || g))::uuid FROM generate_series(1, 100) g));
-INSERT INTO logs (tenant_id, request_id, ts, user_id, model_id, input_tokens, output_tokens, billing_status)
-  SELECT ('00000000-0000-0000-0000-' || lpad(:t::text, 12, '0'))::uuid, :k || '-' || g, now(), 'u_42', 'gpt-4o', 1200, 350, 'pending'
-  FROM generate_series(1, 100) g;
-COMMIT;
-EOF
+COMMIT;"
+lookup="SELECT count(*) FROM logs WHERE request_id IS NOT NULL AND md5(tenant_id::text || request_id)::uuid = ANY (ARRAY(
+  SELECT md5(('00000000-0000-0000-0000-' || lpad(:t::text, 12, '0')) || (:k || '-' || g))::uuid FROM generate_series(1, 100) g));"
+printf '%s\n%s\n' "$head" "$insert" > "$dir/insert.pgbench"
+printf '%s\n%s\n%s\n' "$head" "$lookup" "$insert" > "$dir/lookup.pgbench"
 variants=("$@")
 [ ${#variants[@]} -gt 0 ] || variants=(digest nolookup plain)
 for v in "${variants[@]}"; do
