@@ -18,7 +18,7 @@ EXPIRY_SECONDS=${EXPIRY_SECONDS:-600}
 export OVERAGE_DEV_IDEMPOTENCY_WIDTH=${EXPIRY_WIDTH:-1m}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_expiry}
-db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
+. bench/lib.sh
 URL=$(db_url "$BENCH_DB")
 # Always built: a binary left in bin/ by an older checkout would be measured instead.
 go build -tags dev -o bin/overage-dev ./cmd/overage

@@ -11,7 +11,8 @@ FF_VARIANTS=${FF_VARIANTS:-80 100 100 80}
 DRAIN_LOGS=${DRAIN_LOGS:-100000}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_ffdrain}
-URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$BENCH_DB")
+. bench/lib.sh
+URL=$(db_url "$BENCH_DB")
 go build -o bin/overage ./cmd/overage
 go build -o bin/drain ./bench/drain
 trap 'psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)"' EXIT

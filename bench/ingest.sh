@@ -20,7 +20,7 @@ case $METERS in 2) EVENT_FLAGS="" ;; 3) EVENT_FLAGS=$(event_flags) ;; *) echo "M
 DURATION=${DURATION:-15}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_bench}  # a different name lets two checkouts bench side by side
-db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
+. bench/lib.sh
 BENCH_URL=$(db_url $BENCH_DB)
 REF_URL=$(db_url ${BENCH_DB}_ref)
 ADDR=${BENCH_ADDR:-127.0.0.1:18080}

@@ -24,7 +24,7 @@ export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DURATION=${DURATION:-16}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_bench}
-db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
+. bench/lib.sh
 ADDR_A=${BENCH_ADDR_A:-127.0.0.1:18082}
 ADDR_B=${BENCH_ADDR_B:-127.0.0.1:18083}
 OUT=$(mktemp -d)

@@ -15,7 +15,7 @@ MOVE_AROUND=${MOVE_AROUND:-10s}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_partition_move}
 OLD_REV=${OLD_REV:-$(git log --diff-filter=A --format=%H -1 -- migrations/0054_usage_logs_bound.sql)^}
-db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
+. bench/lib.sh
 URL=$(db_url $BENCH_DB)
 
 old=$(mktemp -d)

@@ -14,9 +14,11 @@
 # Usage: bench/plainfall.sh [digest|nolookup|plain]... (all three).
 # docs/benchmarks.md, "The batch soak on huge pages".
 set -euo pipefail
-PG=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 DB=${BENCH_DB:-overage_plainfall}
-URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PG" "$DB")
+URL=$(db_url "$DB")
 SECS=${PLAIN_SECONDS:-300}
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -36,7 +38,7 @@ printf '%s\n%s\n%s\n' "$head" "$lookup" "$insert" > "$dir/lookup.pgbench"
 variants=("$@")
 [ ${#variants[@]} -gt 0 ] || variants=(digest nolookup plain)
 for v in "${variants[@]}"; do
-  psql -q "$PG" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" -c CHECKPOINT
+  psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" -c CHECKPOINT
   psql -q "$URL" -c "CREATE TABLE logs (id bigserial PRIMARY KEY, tenant_id uuid NOT NULL, request_id text, ts timestamptz NOT NULL,
       user_id text NOT NULL, model_id text NOT NULL, input_tokens bigint NOT NULL, output_tokens bigint NOT NULL,
       billing_status text NOT NULL, created_at timestamptz NOT NULL DEFAULT now())" \
@@ -48,11 +50,11 @@ for v in "${variants[@]}"; do
     plain) ;;
     *) echo "unknown variant $v" >&2; exit 2 ;;
   esac
-  echo "== $v, from $(date -u +%T): $(awk '/^(MemFree|Cached):/ {printf "%s %d MB ", $1, $2 / 1024}' /proc/meminfo)"
+  echo "== $v, from $(date -u +%T): $(memory)"
   pgbench -n -c 8 -j 2 -T "$SECS" -P 30 -f "$dir/$script.pgbench" "$URL" 2>&1 | python3 -c '
 import re, sys
 w = [float(x) * 100 for x in re.findall(r"^progress: [0-9.]+ s, ([0-9.]+) tps", sys.stdin.read(), re.M)] or [0]
 print(f"  events/s {sum(w) / len(w):8.0f}  first 30 s {w[0]:7.0f}  last 30 s {w[-1]:7.0f}  last/first {w[-1] / max(w[0], 1):.2f}")
 print("  per window: " + ", ".join(f"{x:.0f}" for x in w))'
 done
-psql -q "$PG" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)"
+psql -q "$PGHOST_URL" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)"

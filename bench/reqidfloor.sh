@@ -20,7 +20,8 @@ FLOOR_BIN=${FLOOR_BIN:-bin/overage-floor}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_floor}
 ADDR=${BENCH_ADDR:-127.0.0.1:18094}
-URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$BENCH_DB")
+. bench/lib.sh
+URL=$(db_url "$BENCH_DB")
 go build -o bin/ingestload ./bench/ingestload
 go build -o bin/overage ./cmd/overage
 SERVE=

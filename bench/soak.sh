@@ -46,7 +46,7 @@ VOLUME_SEED_AT=${VOLUME_SEED_AT:-"date_trunc('month', now(), 'UTC') - interval '
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_soak}
 ADDR=${BENCH_ADDR:-127.0.0.1:18082}
-db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
+. bench/lib.sh
 URL=$(db_url $BENCH_DB)
 REF_URL=$(db_url ${BENCH_DB}_ref)
 go build -o bin/ingestload ./bench/ingestload
@@ -124,11 +124,6 @@ PY
 server() {
   psql -qtA "$PGHOST_URL" -c "SELECT 'server: ' || string_agg(name || '=' || current_setting(name), ' ' ORDER BY name) FROM unnest(ARRAY['shared_buffers', 'max_wal_size', 'checkpoint_timeout', 'wal_compression', 'autovacuum', 'huge_pages']) name"
 }
-# memory: the machine's free memory and page cache now. Once the page
-# cache is full the kernel reclaims as the loads write, which a plain
-# insert load with no product feels as much as the product does
-# (docs/benchmarks.md, "The batch soak on huge pages").
-memory() { awk '/^(MemFree|Cached):/ {printf "%s %d MB ", $1, $2 / 1024}' /proc/meminfo; echo; }
 
 if [ -z "${VOLUME_ONLY:-}" ]; then
 echo "== soak: ${SOAK_SECONDS}s each, fresh databases, no VACUUM or ANALYZE"

@@ -24,7 +24,7 @@ VARIANTS=${VARIANTS:-fresh aged}
 ORDER=${ORDER:-fresh aged aged fresh}
 BURST=${BURST:-20}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
-db_url() { python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$1"; }
+. bench/lib.sh
 go build -o bin/ingestload ./bench/ingestload
 go build -o bin/overage ./cmd/overage
 declare -A SERVE ADDR

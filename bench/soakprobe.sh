@@ -21,7 +21,8 @@ ADDR=${ADDR:-127.0.0.1:18791}
 SECS=${SECS:-150}
 OUT=${OUT:-/tmp/$DB}
 PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
-URL=$(python3 -c "import sys,urllib.parse as u; p=u.urlparse(sys.argv[1]); print(p._replace(path='/'+sys.argv[2]).geturl())" "$PGHOST_URL" "$DB")
+. bench/lib.sh
+URL=$(db_url "$DB")
 go build -o bin/ingestload ./bench/ingestload
 go build -o bin/overage ./cmd/overage
 
