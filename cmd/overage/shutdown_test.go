@@ -79,7 +79,14 @@ func TestWorkShutdownWithReportsInFlight(t *testing.T) {
 		// Small reports, so several are in flight when the stop comes.
 		"REPORT_BATCH_MAX=5"}
 	work := startChild(t, "work", env...)
-	polltest.Until(t, "reports in flight at Stripe", time.Minute, func() bool { return len(emu.Events()) >= 4 && emu.InFlight() > 0 })
+	// Stop once some logs are billed and more reports are still at Stripe.
+	// Events applied are not enough: a log with overage on both meters is
+	// billed only when both its reports are accepted, so four applied
+	// events can leave every log still pending.
+	polltest.Until(t, "logs billed and reports in flight at Stripe", time.Minute, func() bool {
+		return len(emu.Events()) >= 4 && emu.InFlight() > 0 &&
+			w.count(t, "SELECT count(*) FROM usage_logs WHERE billing_status = 'billed'") > 0
+	})
 	err, took := work.stop(t, time.Minute)
 	if err != nil {
 		t.Fatalf("work exited with %v after SIGTERM\n%s", err, tail(work.stderr.String(), 20))
