@@ -16,7 +16,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 EXPIRY_SECONDS=${EXPIRY_SECONDS:-600}
 export OVERAGE_DEV_IDEMPOTENCY_WIDTH=${EXPIRY_WIDTH:-1m}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_expiry}
 . bench/lib.sh
 URL=$(db_url "$BENCH_DB")

@@ -9,7 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 FF_VARIANTS=${FF_VARIANTS:-80 100 100 80}
 DRAIN_LOGS=${DRAIN_LOGS:-100000}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_ffdrain}
 . bench/lib.sh
 URL=$(db_url "$BENCH_DB")

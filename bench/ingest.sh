@@ -18,7 +18,6 @@ cd "$(dirname "$0")/.."
 METERS=${METERS:-2}
 case $METERS in 2) EVENT_FLAGS="" ;; 3) EVENT_FLAGS=$(event_flags) ;; *) echo "METERS must be 2 (the defaults) or 3" >&2; exit 2 ;; esac
 DURATION=${DURATION:-15}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_bench}  # a different name lets two checkouts bench side by side
 . bench/lib.sh
 BENCH_URL=$(db_url $BENCH_DB)

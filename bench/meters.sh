@@ -22,7 +22,6 @@ cd "$(dirname "$0")/.."
 . bench/meters.lib.sh
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 DURATION=${DURATION:-16}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_bench}
 . bench/lib.sh
 ADDR_A=${BENCH_ADDR_A:-127.0.0.1:18082}

@@ -20,7 +20,6 @@ cd "$(dirname "$0")/.."
 PACK_SECONDS=${PACK_SECONDS:-60}
 PACK_RATE=${PACK_RATE:-3000}
 PACK_E2E_SECONDS=${PACK_E2E_SECONDS:-300}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_pack}
 ADDR=${BENCH_ADDR:-127.0.0.1:18083}
 . bench/lib.sh

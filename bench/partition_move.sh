@@ -12,7 +12,6 @@ cd "$(dirname "$0")/.."
 MOVE_LOGS=${MOVE_LOGS:-20000000}
 MOVE_CLIENTS=${MOVE_CLIENTS:-8}
 MOVE_AROUND=${MOVE_AROUND:-10s}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_partition_move}
 OLD_REV=${OLD_REV:-$(git log --diff-filter=A --format=%H -1 -- migrations/0054_usage_logs_bound.sql)^}
 . bench/lib.sh

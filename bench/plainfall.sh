@@ -16,7 +16,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 DB=${BENCH_DB:-overage_plainfall}
 URL=$(db_url "$DB")
 SECS=${PLAIN_SECONDS:-300}

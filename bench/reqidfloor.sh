@@ -17,7 +17,6 @@ cd "$(dirname "$0")/.."
 FLOOR_SECONDS=${FLOOR_SECONDS:-20}
 FLOOR_LOGS=${FLOOR_LOGS:-50000}
 FLOOR_BIN=${FLOOR_BIN:-bin/overage-floor}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_floor}
 ADDR=${BENCH_ADDR:-127.0.0.1:18094}
 . bench/lib.sh

@@ -16,7 +16,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LIFE_SECONDS=${LIFE_SECONDS:-30}
 LIFE_VARIANTS=${LIFE_VARIANTS:-digest100 tdigest100 tdigest100 digest100}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_life}
 ADDR=${BENCH_ADDR:-127.0.0.1:18093}
 . bench/lib.sh

@@ -43,7 +43,6 @@ VOLUME_KEYS=${VOLUME_KEYS:-10000000}
 # partition with the loads' logs: it spans the months to the month after
 # next, docs/benchmarks.md, "Fitting a new database's first partitions".)
 VOLUME_SEED_AT=${VOLUME_SEED_AT:-"date_trunc('month', now(), 'UTC') - interval '10 days'"}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 BENCH_DB=${BENCH_DB:-overage_soak}
 ADDR=${BENCH_ADDR:-127.0.0.1:18082}
 . bench/lib.sh

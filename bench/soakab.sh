@@ -23,7 +23,6 @@ DB=${DB:-overage_ab}
 VARIANTS=${VARIANTS:-fresh aged}
 ORDER=${ORDER:-fresh aged aged fresh}
 BURST=${BURST:-20}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 . bench/lib.sh
 go build -o bin/ingestload ./bench/ingestload
 go build -o bin/overage ./cmd/overage

@@ -20,7 +20,6 @@ DB=${DB:-overage_soak2_a}
 ADDR=${ADDR:-127.0.0.1:18791}
 SECS=${SECS:-150}
 OUT=${OUT:-/tmp/$DB}
-PGHOST_URL=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 . bench/lib.sh
 URL=$(db_url "$DB")
 go build -o bin/ingestload ./bench/ingestload
