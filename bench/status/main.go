@@ -153,7 +153,8 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("vacuum: %w", err)
 	}
 	res.VacuumAnalyzeMs = ms(time.Since(start))
-	if err := pool.QueryRow(ctx, "SELECT count(*), pg_total_relation_size('usage_logs') / 1000000 FROM usage_logs").Scan(&res.Logs, &res.TableMB); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM usage_logs),
+		(SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('usage_logs'))::bigint / 1000000`).Scan(&res.Logs, &res.TableMB); err != nil {
 		return err
 	}
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM tenants").Scan(&res.Tenants); err != nil {
@@ -207,10 +208,29 @@ func measure(ctx context.Context, pool *pgxpool.Pool, o options, res *result) er
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return err
 	}
-	// The answer must be right, not only fast.
-	if rep.Totals.UsageLogs != res.Logs || len(rep.Tenants) != res.Tenants {
+	// The answer must be right, not only fast: the totals cover every
+	// tenant, the tenants come a page at a time (next_cursor), and the
+	// pages together list each tenant once.
+	listed := map[uuid.UUID]bool{}
+	for pg := &rep; ; {
+		for _, t := range pg.Tenants {
+			listed[t.TenantID] = true
+		}
+		if pg.NextCursor == nil {
+			break
+		}
+		_, next, err := getReport("?cursor=" + url.QueryEscape(*pg.NextCursor))
+		if err != nil {
+			return err
+		}
+		pg = &finance.Statement{}
+		if err := json.Unmarshal(next, pg); err != nil {
+			return err
+		}
+	}
+	if rep.Totals.UsageLogs != res.Logs || len(listed) != res.Tenants {
 		return fmt.Errorf("report says %d logs over %d tenants, the database holds %d over %d",
-			rep.Totals.UsageLogs, len(rep.Tenants), res.Logs, res.Tenants)
+			rep.Totals.UsageLogs, len(listed), res.Logs, res.Tenants)
 	}
 	res.TotalsUsageLogs, res.TotalsPending = rep.Totals.UsageLogs, rep.Totals.Pending
 
