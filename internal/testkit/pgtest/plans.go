@@ -48,6 +48,7 @@ type Reads struct {
 // BUFFERS) with the plan cached earlier (plan_cache_mode
 // force_generic_plan, as auto would choose it, unless the probe's settings
 // say otherwise), in a transaction rolled back, and returns what each read.
+// A probe compiled by JIT fails the test.
 func PlanReads(t testing.TB, conn *pgx.Conn, probes []Probe) []Reads {
 	t.Helper()
 	ctx := context.Background()
@@ -61,6 +62,13 @@ func PlanReads(t testing.TB, conn *pgx.Conn, probes []Probe) []Reads {
 			var plan []map[string]any
 			if err := json.Unmarshal(raw, &plan); err != nil {
 				t.Fatal(err)
+			}
+			// A disabled scan the plan cannot avoid is costed at 10^10, far
+			// above jit_above_cost, and a statement compiled by JIT spends
+			// tens of milliseconds compiling what runs in one: settings
+			// that turn a scan off must turn JIT off too.
+			if jit, ok := plan[0]["JIT"].(map[string]any); ok {
+				t.Errorf("%s: compiled by JIT (%v functions): its settings turn a scan off but leave jit on", p.Name, jit["Functions"])
 			}
 			top := plan[0]["Plan"].(map[string]any)
 			text, _ := json.MarshalIndent(top, "", "  ")
