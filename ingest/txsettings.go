@@ -1,6 +1,10 @@
 package ingest
 
-import "strconv"
+import (
+	"strconv"
+
+	"github.com/overage-billing/overage/internal/pgplan"
+)
 
 // The SQL every ingest transaction runs under and reads and writes its
 // stored answers with, shared by the pipelined path (single events,
@@ -19,14 +23,11 @@ import "strconv"
 // for the lookups, so they read what they answer at any table size and
 // any statistics; they change nothing else (nothing here scans).
 //
-// JIT is off for the same reason: a scan it cannot avoid (a table without
-// an index for the statement) is costed at 10^10 once disabled, far above
-// jit_above_cost, and compiling the statement then costs far more than
-// running it — no statement here ever repays compiling.
+// JIT goes with the scans (pgplan.NoSeqScan): no statement here ever
+// repays compiling.
 var txSettingsSQL = `set_config('idle_in_transaction_session_timeout', '` + strconv.FormatInt(lockTimeout.Milliseconds(), 10) + `ms', true),
-	set_config('enable_seqscan', 'off', true),
-	set_config('enable_bitmapscan', 'off', true),
-	set_config('jit', 'off', true)`
+	` + pgplan.NoSeqScan + `,
+	set_config('enable_bitmapscan', 'off', true)`
 
 // txSettingsColumns is how many columns txSettingsSQL selects.
-const txSettingsColumns = 4
+const txSettingsColumns = 2 + pgplan.NoSeqScanColumns

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/pgplan"
 )
 
 // The overage billed per Stripe customer and meter, computed here once:
@@ -325,10 +326,9 @@ func billedOnMetersQuery(f billedFilter) string {
 // statistics say. The planner costs a BRIN index by the correlation of
 // ts with the table's order, which it knows only from ANALYZE: never
 // analysed, or analysed while the day asked held every row, it would read
-// the whole table instead. Planned for each execution, without JIT (a
-// plan that must keep a disabled scan is costed far above jit_above_cost).
-const rangeSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true),
-	set_config('jit', 'off', true)`
+// the whole table instead. Planned for each execution, without JIT
+// (pgplan.NoSeqScan).
+const rangeSettingsSQL = `SELECT ` + pgplan.NoSeqScan + `, set_config('plan_cache_mode', 'force_custom_plan', true)`
 
 // rangeDB returns a read-only, repeatable-read transaction of db opened
 // by rangeSettingsSQL when db can begin one (a pool), else db as it is,

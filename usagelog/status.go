@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/overage-billing/overage"
+	"github.com/overage-billing/overage/internal/pgplan"
 )
 
 // Is is the SQL condition "column holds status st", for the read queries of
@@ -78,11 +79,10 @@ func ReadBacklog(ctx context.Context, db interface {
 // backlogSettingsSQL opens the backlog's transaction: its statement has no
 // parameters, so its one plan is cached on the connection for good (until
 // the next ANALYZE); made while usage_logs is small, that plan would read
-// the oldest pending log by a sequential scan of the whole table. JIT is
-// off: the scan of billing_counters it keeps is costed at 10^10 once
-// disabled, far above jit_above_cost, and compiling would cost the
-// statement far more than running it.
-const backlogSettingsSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`
+// the oldest pending log by a sequential scan of the whole table. JIT goes
+// with the scans (pgplan.NoSeqScan): the statement still scans
+// billing_counters.
+const backlogSettingsSQL = `SELECT ` + pgplan.NoSeqScan
 
 func readBacklog(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
