@@ -214,6 +214,9 @@ func measure(ctx context.Context, pool *pgxpool.Pool, o options, res *result) er
 	listed := map[uuid.UUID]bool{}
 	for pg := &rep; ; {
 		for _, t := range pg.Tenants {
+			if listed[t.TenantID] {
+				return fmt.Errorf("tenant %s listed on two pages", t.TenantID)
+			}
 			listed[t.TenantID] = true
 		}
 		if pg.NextCursor == nil {
